@@ -1,0 +1,232 @@
+//! The fingerprint: what makes a repeated key the *same* request.
+//!
+//! DESIGN §1: SHA-256 over method, path with query, and body, with a JSON body canonicalised by
+//! RFC 8785 (JCS) first, so a client that re-serialises its retry with other member order or
+//! whitespace still gets its replay, while any changed value is a mismatch (422 `key-reused`).
+//! Each part is length-prefixed and the whole is domain-separated, so no two different requests
+//! can be made to hash the same bytes by shifting text between parts.
+
+use std::fmt;
+
+use sha2::{Digest, Sha256};
+
+/// A SHA-256 fingerprint of a request.
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Fingerprint([u8; 32]);
+
+/// How a body was hashed; recorded in the hash so a raw body and a canonical one never collide.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BodyForm {
+    /// JSON, canonicalised with RFC 8785.
+    CanonicalJson,
+    /// Bytes as received.
+    Raw,
+}
+
+impl Fingerprint {
+    /// From the 32 bytes of a stored fingerprint.
+    pub const fn from_bytes(bytes: [u8; 32]) -> Self {
+        Fingerprint(bytes)
+    }
+
+    /// The 32 bytes.
+    pub const fn as_bytes(&self) -> &[u8; 32] {
+        &self.0
+    }
+
+    /// Fingerprints an HTTP request. A body whose content type is JSON (`application/json` or
+    /// any `+json`) and that parses as JSON is canonicalised; anything else is hashed raw, so an
+    /// invalid JSON body still gets a stable fingerprint.
+    pub fn http(
+        method: &str,
+        path_and_query: &str,
+        content_type: Option<&str>,
+        body: &[u8],
+    ) -> Self {
+        let canonical = content_type
+            .filter(|ct| is_json_media_type(ct))
+            .and_then(|_| canonical_json_bytes(body));
+        match canonical {
+            Some(c) => Self::of_parts(
+                BodyForm::CanonicalJson,
+                &[method.as_bytes(), path_and_query.as_bytes(), &c],
+            ),
+            None => Self::of_parts(
+                BodyForm::Raw,
+                &[method.as_bytes(), path_and_query.as_bytes(), body],
+            ),
+        }
+    }
+
+    /// Fingerprints a call that is not HTTP (an MCP tool call): a name and JSON arguments.
+    pub fn json_call(name: &str, args: &serde_json::Value) -> Self {
+        Self::of_parts(
+            BodyForm::CanonicalJson,
+            &[name.as_bytes(), &canonical_json(args)],
+        )
+    }
+
+    fn of_parts(form: BodyForm, parts: &[&[u8]]) -> Self {
+        let mut h = Sha256::new();
+        h.update(b"idem-fingerprint/v1");
+        h.update([match form {
+            BodyForm::CanonicalJson => 1u8,
+            BodyForm::Raw => 0u8,
+        }]);
+        for part in parts {
+            h.update((part.len() as u64).to_be_bytes());
+            h.update(part);
+        }
+        Fingerprint(h.finalize().into())
+    }
+}
+
+/// RFC 8785 canonical form of a JSON value.
+pub fn canonical_json(value: &serde_json::Value) -> Vec<u8> {
+    // Serialising a `Value` cannot fail: every key is a string and every number is finite.
+    serde_json_canonicalizer::to_vec(value).unwrap_or_default()
+}
+
+/// RFC 8785 canonical form of JSON text, or `None` when it does not parse.
+pub fn canonical_json_bytes(text: &[u8]) -> Option<Vec<u8>> {
+    let value: serde_json::Value = serde_json::from_slice(text).ok()?;
+    Some(canonical_json(&value))
+}
+
+/// `application/json`, `application/x+json`, with or without parameters, in any case.
+pub fn is_json_media_type(content_type: &str) -> bool {
+    let essence = content_type
+        .split(';')
+        .next()
+        .unwrap_or("")
+        .trim()
+        .to_ascii_lowercase();
+    essence == "application/json"
+        || (essence.starts_with("application/") && essence.ends_with("+json"))
+}
+
+impl fmt::Display for Fingerprint {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&hex::encode(self.0))
+    }
+}
+
+impl fmt::Debug for Fingerprint {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Fingerprint({})", &hex::encode(self.0)[..16])
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    const JSON: Option<&str> = Some("application/json; charset=utf-8");
+
+    #[test]
+    fn member_order_and_whitespace_do_not_matter() {
+        let a = Fingerprint::http(
+            "POST",
+            "/v1/charges",
+            JSON,
+            br#"{"amount":4900,"customer":"cus_8g2k"}"#,
+        );
+        let b = Fingerprint::http(
+            "POST",
+            "/v1/charges",
+            JSON,
+            b"{ \"customer\" : \"cus_8g2k\",\n  \"amount\": 4900 }",
+        );
+        assert_eq!(a, b);
+    }
+
+    #[test]
+    fn every_part_matters() {
+        let base = Fingerprint::http("POST", "/v1/charges?x=1", JSON, br#"{"amount":4900}"#);
+        assert_ne!(
+            base,
+            Fingerprint::http("PUT", "/v1/charges?x=1", JSON, br#"{"amount":4900}"#)
+        );
+        assert_ne!(
+            base,
+            Fingerprint::http("POST", "/v1/charges?x=2", JSON, br#"{"amount":4900}"#)
+        );
+        assert_ne!(
+            base,
+            Fingerprint::http("POST", "/v1/charges?x=1", JSON, br#"{"amount":4901}"#)
+        );
+        // Moving bytes between parts must not collide.
+        assert_ne!(
+            Fingerprint::http("POST", "/ab", None, b"c"),
+            Fingerprint::http("POST", "/a", None, b"bc")
+        );
+    }
+
+    #[test]
+    fn non_json_bodies_are_hashed_raw() {
+        let a = Fingerprint::http("POST", "/", Some("text/plain"), b"{\"a\":1, \"b\":2}");
+        let b = Fingerprint::http("POST", "/", Some("text/plain"), b"{\"b\":2, \"a\":1}");
+        assert_ne!(a, b);
+        // Declared JSON that does not parse still fingerprints, raw.
+        let bad = Fingerprint::http("POST", "/", JSON, b"{not json");
+        assert_eq!(bad, Fingerprint::http("POST", "/", JSON, b"{not json"));
+        assert_ne!(bad, Fingerprint::http("POST", "/", JSON, b"{not  json"));
+    }
+
+    #[test]
+    fn json_media_types() {
+        for ct in [
+            "application/json",
+            "Application/JSON",
+            "application/problem+json; charset=x",
+        ] {
+            assert!(is_json_media_type(ct), "{ct}");
+        }
+        for ct in ["text/json-ish", "application/jsonx", "text/plain", ""] {
+            assert!(!is_json_media_type(ct), "{ct}");
+        }
+    }
+
+    /// RFC 8785 §3.2.3's sorting example and §3.2.2's number examples, cross-checked against a
+    /// second, independent implementation (serde_jcs).
+    #[test]
+    fn canonical_form_matches_rfc8785_and_serde_jcs() {
+        let cases = [
+            json!({"\u{20ac}": "Euro Sign", "\r": "Carriage Return", "\u{fb33}": "Hebrew Letter Dalet With Dagesh",
+                   "1": "One", "\u{1f600}": "Emoji: Grinning Face", "\u{80}": "Control", "\u{f6}": "Latin Small Letter O With Diaeresis"}),
+            json!({"numbers": [333333333.33333329, 1E30, 4.50, 2e-3, 0.000000000000000000000000001],
+                   "string": "\u{20ac}$\u{000F}\u{000a}A'\u{0042}\u{0022}\u{005c}\\\"/",
+                   "literals": [null, true, false]}),
+            json!([1.0, -0.0, 1e21, 5e-324, {"b": [], "a": {}}]),
+        ];
+        for v in &cases {
+            let ours = canonical_json(v);
+            let theirs = serde_jcs::to_vec(v).expect("serde_jcs");
+            assert_eq!(
+                String::from_utf8_lossy(&ours),
+                String::from_utf8_lossy(&theirs)
+            );
+        }
+        assert_eq!(
+            String::from_utf8_lossy(&canonical_json(&cases[1])),
+            r#"{"literals":[null,true,false],"numbers":[333333333.3333333,1e+30,4.5,0.002,1e-27],"string":"€$\u000f\nA'B\"\\\\\"/"}"#
+        );
+        // RFC 8785 §3.2.3: members sort by their UTF-16 code units.
+        assert_eq!(
+            String::from_utf8_lossy(&canonical_json(&cases[0])),
+            "{\"\\r\":\"Carriage Return\",\"1\":\"One\",\"\u{80}\":\"Control\",\"\u{f6}\":\"Latin Small Letter O With Diaeresis\",\"\u{20ac}\":\"Euro Sign\",\"\u{1f600}\":\"Emoji: Grinning Face\",\"\u{fb33}\":\"Hebrew Letter Dalet With Dagesh\"}"
+        );
+    }
+
+    #[test]
+    fn json_calls_fingerprint_name_and_canonical_args() {
+        let a = Fingerprint::json_call("charge_card", &json!({"b": 1, "a": [1, 2]}));
+        let b = Fingerprint::json_call("charge_card", &json!({"a": [1, 2], "b": 1}));
+        assert_eq!(a, b);
+        assert_ne!(
+            a,
+            Fingerprint::json_call("refund", &json!({"a": [1, 2], "b": 1}))
+        );
+    }
+}

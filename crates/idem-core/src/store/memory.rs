@@ -1,0 +1,220 @@
+//! The in-memory store: for tests, and for one process that can afford to forget its keys on
+//! restart.
+//!
+//! Records live in shards, each a mutex over a map plus an index by expiry, so unrelated keys
+//! rarely contend and `purge_expired` touches only what is due instead of scanning everything.
+//! Every transition is decided by [`crate::machine`] while the shard's lock is held, which is
+//! what makes `claim` atomic here.
+
+use std::collections::hash_map::DefaultHasher;
+use std::collections::{BTreeSet, HashMap};
+use std::fmt;
+use std::hash::{Hash, Hasher};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use crate::clock::{Clock, SystemClock, Timestamp};
+use crate::key::Key;
+use crate::machine::{self, Write};
+use crate::record::{FencingToken, Record, StoredResponse};
+use crate::scope::Scope;
+use crate::store::{Claim, ClaimRequest, Resolution, Store, StoreError};
+
+const SHARDS: usize = 32;
+
+type Id = (Scope, Key);
+
+#[derive(Default)]
+struct Shard {
+    records: HashMap<Id, Record>,
+    /// (expires_at, id) for every record, kept in step with `records`.
+    by_expiry: BTreeSet<(Timestamp, Id)>,
+}
+
+impl Shard {
+    fn put(&mut self, rec: Record) {
+        let id = (rec.scope.clone(), rec.key.clone());
+        if let Some(old) = self.records.get(&id) {
+            self.by_expiry.remove(&(old.expires_at, id.clone()));
+        }
+        self.by_expiry.insert((rec.expires_at, id.clone()));
+        self.records.insert(id, rec);
+    }
+
+    fn delete(&mut self, id: &Id) {
+        if let Some(old) = self.records.remove(id) {
+            self.by_expiry.remove(&(old.expires_at, id.clone()));
+        }
+    }
+}
+
+/// A sharded in-memory [`Store`]. Cloning shares the same records.
+#[derive(Clone)]
+pub struct MemoryStore {
+    shards: Arc<[Mutex<Shard>]>,
+    clock: Arc<dyn Clock>,
+}
+
+impl fmt::Debug for MemoryStore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("MemoryStore")
+            .field("shards", &self.shards.len())
+            .finish()
+    }
+}
+
+impl Default for MemoryStore {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl MemoryStore {
+    /// An empty store on the system clock.
+    pub fn new() -> Self {
+        Self::with_clock(Arc::new(SystemClock))
+    }
+
+    /// An empty store reading time from `clock`.
+    pub fn with_clock(clock: Arc<dyn Clock>) -> Self {
+        let shards: Vec<Mutex<Shard>> = (0..SHARDS).map(|_| Mutex::default()).collect();
+        MemoryStore {
+            shards: shards.into(),
+            clock,
+        }
+    }
+
+    fn shard(&self, scope: &Scope, key: &Key) -> MutexGuard<'_, Shard> {
+        let mut h = DefaultHasher::new();
+        scope.hash(&mut h);
+        key.hash(&mut h);
+        let i = (h.finish() as usize) % self.shards.len();
+        // A panic while holding a shard cannot leave a record half-written: every write is
+        // one map insert or remove after the decision was made. So a poisoned lock is usable.
+        self.shards[i].lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Applies a fenced transition under the shard lock.
+    fn fenced<T>(
+        &self,
+        scope: &Scope,
+        key: &Key,
+        decide: impl FnOnce(Option<&Record>, Timestamp) -> Result<(T, Write), StoreError>,
+    ) -> Result<T, StoreError> {
+        let id = (scope.clone(), key.clone());
+        let mut shard = self.shard(scope, key);
+        let now = self.clock.now();
+        let (out, write) = decide(shard.records.get(&id), now)?;
+        match write {
+            Write::Nothing => {}
+            Write::Put(rec) => shard.put(rec),
+            Write::CountReplay => {
+                if let Some(r) = shard.records.get_mut(&id) {
+                    r.replays = r.replays.saturating_add(1);
+                }
+            }
+            Write::Delete => shard.delete(&id),
+        }
+        Ok(out)
+    }
+
+    /// How many records are held, expired or not (for tests and metrics).
+    pub fn len(&self) -> usize {
+        self.shards
+            .iter()
+            .map(|s| s.lock().unwrap_or_else(|p| p.into_inner()).records.len())
+            .sum()
+    }
+
+    /// Whether no record is held.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+impl Store for MemoryStore {
+    async fn claim(&self, req: ClaimRequest) -> Result<Claim, StoreError> {
+        self.fenced(&req.scope, &req.key, |existing, now| {
+            Ok(machine::claim(existing, &req, now, FencingToken::random()))
+        })
+    }
+
+    async fn complete(
+        &self,
+        scope: &Scope,
+        key: &Key,
+        token: FencingToken,
+        response: StoredResponse,
+    ) -> Result<Record, StoreError> {
+        self.fenced(scope, key, |existing, now| {
+            let rec = machine::complete(existing, token, response, now)?;
+            Ok((rec.clone(), Write::Put(rec)))
+        })
+    }
+
+    async fn release(
+        &self,
+        scope: &Scope,
+        key: &Key,
+        token: FencingToken,
+    ) -> Result<(), StoreError> {
+        self.fenced(scope, key, |existing, now| {
+            machine::release(existing, token, now).map(|()| ((), Write::Delete))
+        })
+    }
+
+    async fn extend(
+        &self,
+        scope: &Scope,
+        key: &Key,
+        token: FencingToken,
+        lease: Duration,
+    ) -> Result<Timestamp, StoreError> {
+        self.fenced(scope, key, |existing, now| {
+            let rec = machine::extend(existing, token, lease, now)?;
+            Ok((rec.lease_expires_at, Write::Put(rec)))
+        })
+    }
+
+    async fn get(&self, scope: &Scope, key: &Key) -> Result<Option<Record>, StoreError> {
+        let id = (scope.clone(), key.clone());
+        let shard = self.shard(scope, key);
+        Ok(machine::read(
+            shard.records.get(&id).cloned(),
+            self.clock.now(),
+        ))
+    }
+
+    async fn purge_expired(&self, limit: usize) -> Result<usize, StoreError> {
+        let mut purged = 0;
+        for shard in self.shards.iter() {
+            if purged >= limit {
+                break;
+            }
+            let mut shard = shard.lock().unwrap_or_else(|p| p.into_inner());
+            let now = self.clock.now();
+            while purged < limit {
+                let Some((expires_at, id)) = shard.by_expiry.first().cloned() else {
+                    break;
+                };
+                if expires_at > now {
+                    break;
+                }
+                shard.delete(&id);
+                purged += 1;
+            }
+        }
+        Ok(purged)
+    }
+
+    async fn resolve(
+        &self,
+        scope: &Scope,
+        key: &Key,
+        resolution: Resolution,
+    ) -> Result<Option<Record>, StoreError> {
+        self.fenced(scope, key, |existing, now| {
+            machine::resolve(existing, resolution, now)
+        })
+    }
+}

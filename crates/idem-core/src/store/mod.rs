@@ -1,0 +1,155 @@
+//! The Store contract: an atomic, durable, fenced claim of an idempotency key.
+//!
+//! Everything in idem stands on [`Store::claim`]. Every backend (memory, SQLite, PostgreSQL,
+//! Redis) implements this one trait and passes one conformance suite (`idem-conformance`),
+//! so the HTTP layer, the gateway and the MCP proxy are written once against it.
+//!
+//! The decisions themselves (what a claim of an in-flight record answers, when a token is
+//! stale) live in [`crate::machine`]; a backend's job is to apply them atomically.
+//!
+//! # Cancel safety
+//! A claim whose future is dropped may still have been applied. A backend that can tell its
+//! caller is gone before answering (the SQLite writer can) releases the lease it just granted,
+//! since nobody will execute; otherwise the record stays in flight until its lease ends and
+//! then reads as abandoned, which is safe (nothing executes twice) but needs `idem resolve`.
+
+mod error;
+pub mod memory;
+
+use std::future::Future;
+use std::time::Duration;
+
+pub use error::{BoxError, Stale, StoreError};
+
+use crate::clock::Timestamp;
+use crate::fingerprint::Fingerprint;
+use crate::key::Key;
+use crate::record::{FencingToken, Record, StoredResponse};
+use crate::scope::Scope;
+
+/// Default retention of completed records (DESIGN §2).
+pub const DEFAULT_RETENTION: Duration = Duration::from_secs(24 * 60 * 60);
+
+/// What to do with a claim of an abandoned record (DESIGN §5).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum AbandonedPolicy {
+    /// Answer [`Claim::Abandoned`] until an operator resolves the record.
+    #[default]
+    Reject,
+    /// Take the lease over (a new token, `attempts + 1`) and execute again.
+    Retry,
+}
+
+/// A request to claim (scope, key) for one execution.
+#[derive(Debug, Clone)]
+pub struct ClaimRequest {
+    /// Whose key.
+    pub scope: Scope,
+    /// The key.
+    pub key: Key,
+    /// The request the key names now.
+    pub fingerprint: Fingerprint,
+    /// How long the lease lasts unless extended.
+    pub lease: Duration,
+    /// How long the completed record is kept.
+    pub retention: Duration,
+    /// What a claim of an abandoned record does.
+    pub on_abandoned: AbandonedPolicy,
+}
+
+/// The lease an executor holds after [`Claim::Acquired`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Lease {
+    /// Present it to `complete`, `release` and `extend`.
+    pub token: FencingToken,
+    /// When the lease ends unless extended.
+    pub expires_at: Timestamp,
+    /// 1 for the first execution, more after takeovers of abandoned records.
+    pub attempt: u32,
+}
+
+/// The answer to a claim (DESIGN §3, at the store level).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Claim {
+    /// The key was absent (or expired, or abandoned under [`AbandonedPolicy::Retry`]): execute.
+    Acquired(Lease),
+    /// A result is stored for the same fingerprint: replay it. The record's `replays` already
+    /// counts this replay.
+    Completed(Record),
+    /// Another executor holds the lease for the same fingerprint.
+    InFlight(Record),
+    /// A lease ended without a result for the same fingerprint: the outcome is unknown.
+    Abandoned(Record),
+    /// The key is held, in any state, for another request.
+    Mismatch(Record),
+}
+
+/// How an operator settles an abandoned record.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Resolution {
+    /// The effect surely did not happen: forget the key, so a retry executes.
+    Release,
+    /// The effect happened with this result: store it, so retries replay it.
+    Complete(StoredResponse),
+}
+
+/// A backend that keeps idempotency records.
+///
+/// Every method reads the time from the store's [`crate::Clock`]. A record past its
+/// `expires_at` is absent to every method, whether or not the backend has deleted it yet.
+pub trait Store: Send + Sync + 'static {
+    /// Atomically: insert a fresh in-flight record if (scope, key) is absent or expired, or
+    /// answer what is there. Two claims of one key never both acquire. An acquired claim is
+    /// durable before this returns, since the side effect runs next.
+    fn claim(&self, req: ClaimRequest) -> impl Future<Output = Result<Claim, StoreError>> + Send;
+
+    /// Stores the result and makes the record completed. Refused with [`StoreError::Stale`]
+    /// unless `token` is the current lease's; a refused call changes nothing.
+    fn complete(
+        &self,
+        scope: &Scope,
+        key: &Key,
+        token: FencingToken,
+        response: StoredResponse,
+    ) -> impl Future<Output = Result<Record, StoreError>> + Send;
+
+    /// Deletes the record: the effect surely did not happen. Fenced like `complete`.
+    fn release(
+        &self,
+        scope: &Scope,
+        key: &Key,
+        token: FencingToken,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send;
+
+    /// Moves the lease's end to `now + lease` (a heartbeat while the effect runs). Fenced like
+    /// `complete`. Returns the new end.
+    fn extend(
+        &self,
+        scope: &Scope,
+        key: &Key,
+        token: FencingToken,
+        lease: Duration,
+    ) -> impl Future<Output = Result<Timestamp, StoreError>> + Send;
+
+    /// The record, or `None` when absent or expired.
+    fn get(
+        &self,
+        scope: &Scope,
+        key: &Key,
+    ) -> impl Future<Output = Result<Option<Record>, StoreError>> + Send;
+
+    /// Deletes at most `limit` expired records; returns how many. Callers loop while it
+    /// returns `limit`, so no single call holds the store for long.
+    fn purge_expired(&self, limit: usize)
+    -> impl Future<Output = Result<usize, StoreError>> + Send;
+
+    /// Settles an abandoned record for an operator. Refused with [`StoreError::NotAbandoned`]
+    /// while a lease runs or once completed, and [`StoreError::NotFound`] when absent.
+    /// Returns the completed record, or `None` after a release.
+    fn resolve(
+        &self,
+        scope: &Scope,
+        key: &Key,
+        resolution: Resolution,
+    ) -> impl Future<Output = Result<Option<Record>, StoreError>> + Send;
+}

@@ -1,0 +1,30 @@
+//! idem's embedded default store: one SQLite file, no server to install.
+//!
+//! # Durability without collapsing throughput
+//! A claim must be on disk before `claim` returns, because the side effect runs next (DESIGN
+//! §9). One fsync per claim caps a disk at a few thousand claims a second, so writes go through
+//! one writer thread that commits whatever has queued up while the previous commit was being
+//! synced: many concurrent claims, one transaction, one fsync (group commit). Nothing waits
+//! for a timer; a lone claim commits at once.
+//!
+//! Reads (`get`, and the first look of every `claim`) use their own connections and never wait
+//! for the writer: in WAL mode readers see the last commit. A claim that finds a completed
+//! record with the same fingerprint is answered from that read alone, since completed records
+//! are immutable until they expire, so replays cost no fsync.
+//!
+//! # Several processes
+//! Several processes may open one file: each has its own writer, and SQLite's file lock
+//! (`BEGIN IMMEDIATE`) serialises their transactions, so a claim stays atomic across them.
+//! All must be on one host (WAL needs shared memory), not on a network file system.
+//!
+//! # Runtime
+//! The async methods need a tokio runtime (reads run on its blocking pool).
+
+mod readers;
+mod row;
+mod schema;
+mod store;
+mod writer;
+
+pub use schema::SCHEMA_VERSION;
+pub use store::{SqliteOptions, SqliteStore};

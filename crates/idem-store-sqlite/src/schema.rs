@@ -1,0 +1,92 @@
+//! Opening a file: pragmas, and the schema created or checked under a write lock so that two
+//! processes opening a new file at once do not both create it.
+
+use std::path::Path;
+use std::time::Duration;
+
+use idem_core::StoreError;
+use rusqlite::{Connection, OpenFlags, TransactionBehavior};
+
+/// The schema version this build writes, kept in `PRAGMA user_version`.
+pub const SCHEMA_VERSION: i64 = 1;
+
+const SCHEMA_V1: &str = "
+CREATE TABLE idem_records (
+    scope            TEXT    NOT NULL,
+    key              TEXT    NOT NULL,
+    fingerprint      BLOB    NOT NULL,
+    token            INTEGER NOT NULL,
+    created_at       INTEGER NOT NULL,
+    acquired_at      INTEGER NOT NULL,
+    lease_expires_at INTEGER NOT NULL,
+    completed_at     INTEGER,
+    completed_by     INTEGER,
+    expires_at       INTEGER NOT NULL,
+    retention_ms     INTEGER NOT NULL,
+    attempts         INTEGER NOT NULL,
+    replays          INTEGER NOT NULL,
+    status           INTEGER,
+    response         BLOB,
+    PRIMARY KEY (scope, key)
+) WITHOUT ROWID;
+CREATE INDEX idem_records_by_expiry ON idem_records (expires_at);
+";
+
+pub(crate) fn unavailable(path: &Path, what: &str, e: rusqlite::Error) -> StoreError {
+    StoreError::Unavailable(format!("sqlite {}: {what}: {e}", path.display()).into())
+}
+
+/// Opens a connection with the pragmas every idem connection uses.
+pub(crate) fn connect(path: &Path, busy_timeout: Duration) -> Result<Connection, StoreError> {
+    let flags = OpenFlags::SQLITE_OPEN_READ_WRITE
+        | OpenFlags::SQLITE_OPEN_CREATE
+        | OpenFlags::SQLITE_OPEN_NO_MUTEX
+        | OpenFlags::SQLITE_OPEN_URI;
+    let conn =
+        Connection::open_with_flags(path, flags).map_err(|e| unavailable(path, "open", e))?;
+    conn.busy_timeout(busy_timeout)
+        .map_err(|e| unavailable(path, "busy_timeout", e))?;
+    Ok(conn)
+}
+
+/// Prepares the writer's connection: WAL, fsync on every commit, and the schema.
+pub(crate) fn prepare_writer(conn: &mut Connection, path: &Path) -> Result<(), StoreError> {
+    let mode: String = conn
+        .query_row("PRAGMA journal_mode = WAL", [], |r| r.get(0))
+        .map_err(|e| unavailable(path, "enable WAL", e))?;
+    if !mode.eq_ignore_ascii_case("wal") {
+        return Err(StoreError::Unavailable(
+            format!(
+                "sqlite {}: WAL mode refused (journal_mode is {mode})",
+                path.display()
+            )
+            .into(),
+        ));
+    }
+    // FULL: the WAL is fsynced at every commit, so an acquired claim survives power loss.
+    conn.pragma_update(None, "synchronous", "FULL")
+        .map_err(|e| unavailable(path, "synchronous", e))?;
+    let tx = conn
+        .transaction_with_behavior(TransactionBehavior::Immediate)
+        .map_err(|e| unavailable(path, "lock for schema", e))?;
+    let version: i64 = tx
+        .query_row("PRAGMA user_version", [], |r| r.get(0))
+        .map_err(|e| unavailable(path, "read schema version", e))?;
+    match version {
+        0 => {
+            tx.execute_batch(SCHEMA_V1)
+                .map_err(|e| unavailable(path, "create schema", e))?;
+            tx.pragma_update(None, "user_version", SCHEMA_VERSION)
+                .map_err(|e| unavailable(path, "set schema version", e))?;
+        }
+        SCHEMA_VERSION => {}
+        newer => {
+            return Err(StoreError::Corrupt(format!(
+                "{} has schema version {newer}; this idem reads version {SCHEMA_VERSION} (upgrade idem)",
+                path.display()
+            )));
+        }
+    }
+    tx.commit()
+        .map_err(|e| unavailable(path, "commit schema", e))
+}

@@ -1,0 +1,282 @@
+//! [`SqliteStore`]: the `Store` methods, routed to the readers or the writer.
+
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::sync::mpsc::{self, Sender};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use idem_core::{
+    AbandonedPolicy, Claim, ClaimRequest, Clock, FencingToken, Key, Record, RecordState,
+    Resolution, Scope, Store, StoreError, StoredResponse, SystemClock, Timestamp,
+};
+use tokio::sync::oneshot;
+
+use crate::readers::Readers;
+use crate::writer::{Cmd, Done, Job, Writer};
+use crate::{row, schema};
+
+/// How to open a [`SqliteStore`].
+#[derive(Debug, Clone)]
+pub struct SqliteOptions {
+    /// Where the store reads the time.
+    pub clock: Arc<dyn Clock>,
+    /// How long a transaction waits for another process's lock before failing (closed).
+    pub busy_timeout: Duration,
+}
+
+impl Default for SqliteOptions {
+    fn default() -> Self {
+        SqliteOptions {
+            clock: Arc::new(SystemClock),
+            busy_timeout: Duration::from_secs(5),
+        }
+    }
+}
+
+/// The embedded SQLite [`Store`]. Cloning shares one writer and one reader pool.
+#[derive(Clone)]
+pub struct SqliteStore {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    path: PathBuf,
+    clock: Arc<dyn Clock>,
+    readers: Readers,
+    tx: Mutex<Option<Sender<Job>>>,
+    writer: Mutex<Option<JoinHandle<()>>>,
+}
+
+impl fmt::Debug for SqliteStore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SqliteStore")
+            .field("path", &self.inner.path)
+            .finish()
+    }
+}
+
+impl Drop for Inner {
+    /// Stops the writer after it has committed everything queued, so nothing acknowledged or
+    /// counted is lost on a clean shutdown.
+    fn drop(&mut self) {
+        drop(self.tx.lock().unwrap_or_else(|p| p.into_inner()).take());
+        if let Some(handle) = self.writer.lock().unwrap_or_else(|p| p.into_inner()).take() {
+            let _ = handle.join();
+        }
+    }
+}
+
+impl SqliteStore {
+    /// Opens (creating if needed) the store at `path` on the system clock.
+    pub fn open(path: impl AsRef<Path>) -> Result<Self, StoreError> {
+        Self::open_with(path, SqliteOptions::default())
+    }
+
+    /// Opens the store at `path`: enables WAL, creates or checks the schema, starts the writer.
+    pub fn open_with(path: impl AsRef<Path>, options: SqliteOptions) -> Result<Self, StoreError> {
+        let path = path.as_ref().to_path_buf();
+        let mut conn = schema::connect(&path, options.busy_timeout)?;
+        schema::prepare_writer(&mut conn, &path)?;
+        let (tx, rx) = mpsc::channel();
+        let writer = Writer {
+            conn,
+            path: path.clone(),
+            clock: options.clock.clone(),
+        };
+        let handle = std::thread::Builder::new()
+            .name("idem-sqlite-writer".into())
+            .spawn(move || writer.run(rx))
+            .map_err(StoreError::unavailable)?;
+        Ok(SqliteStore {
+            inner: Arc::new(Inner {
+                readers: Readers::new(&path, options.busy_timeout),
+                path,
+                clock: options.clock,
+                tx: Mutex::new(Some(tx)),
+                writer: Mutex::new(Some(handle)),
+            }),
+        })
+    }
+
+    /// The file this store writes.
+    pub fn path(&self) -> &Path {
+        &self.inner.path
+    }
+
+    fn send(
+        &self,
+        cmd: Cmd,
+        reply: Option<oneshot::Sender<Result<Done, StoreError>>>,
+    ) -> Result<(), StoreError> {
+        let guard = self.inner.tx.lock().unwrap_or_else(|p| p.into_inner());
+        let sent = guard.as_ref().map(|tx| tx.send(Job { cmd, reply }));
+        match sent {
+            Some(Ok(())) => Ok(()),
+            _ => Err(self.writer_gone()),
+        }
+    }
+
+    /// Queues a write and waits for it to be committed.
+    async fn write(&self, cmd: Cmd) -> Result<Done, StoreError> {
+        let (reply, answer) = oneshot::channel();
+        self.send(cmd, Some(reply))?;
+        answer.await.map_err(|_| self.writer_gone())?
+    }
+
+    fn writer_gone(&self) -> StoreError {
+        StoreError::Unavailable(
+            format!(
+                "sqlite {}: the writer thread has stopped",
+                self.inner.path.display()
+            )
+            .into(),
+        )
+    }
+
+    /// A point read on a pooled connection, on tokio's blocking pool.
+    async fn read(&self, scope: &Scope, key: &Key) -> Result<Option<Record>, StoreError> {
+        let this = self.clone();
+        let (scope, key) = (scope.clone(), key.clone());
+        tokio::task::spawn_blocking(move || {
+            this.inner
+                .readers
+                .with(|conn| row::select(conn, &scope, &key))
+        })
+        .await
+        .map_err(StoreError::unavailable)?
+    }
+}
+
+fn unexpected(done: Done) -> StoreError {
+    StoreError::Corrupt(format!("internal: the writer answered {done:?}"))
+}
+
+impl Store for SqliteStore {
+    /// Reads first: a completed record with the same fingerprint, a live lease, a reject-policy
+    /// abandoned record or another fingerprint is answered from the read, which was true at
+    /// the moment it was taken. Only a claim that may acquire goes to the writer, which decides
+    /// again inside its transaction.
+    async fn claim(&self, req: ClaimRequest) -> Result<Claim, StoreError> {
+        let now = self.inner.clock.now();
+        if let Some(rec) = self
+            .read(&req.scope, &req.key)
+            .await?
+            .filter(|r| !r.is_expired(now))
+        {
+            if rec.fingerprint != req.fingerprint {
+                return Ok(Claim::Mismatch(rec));
+            }
+            match rec.state(now) {
+                RecordState::Completed => {
+                    let mut replayed = rec;
+                    replayed.replays = replayed.replays.saturating_add(1);
+                    let count = Cmd::CountReplay {
+                        scope: req.scope,
+                        key: req.key,
+                        token: replayed.token,
+                    };
+                    // The counter is bookkeeping: a replay is served even if it is not counted.
+                    if let Err(e) = self.send(count, None) {
+                        tracing::warn!(error = %e, "replay not counted");
+                    }
+                    return Ok(Claim::Completed(replayed));
+                }
+                RecordState::InFlight => return Ok(Claim::InFlight(rec)),
+                RecordState::Abandoned if req.on_abandoned == AbandonedPolicy::Reject => {
+                    return Ok(Claim::Abandoned(rec));
+                }
+                RecordState::Abandoned => {}
+            }
+        }
+        match self.write(Cmd::Claim(req)).await? {
+            Done::Claim(c) => Ok(c),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    async fn complete(
+        &self,
+        scope: &Scope,
+        key: &Key,
+        token: FencingToken,
+        response: StoredResponse,
+    ) -> Result<Record, StoreError> {
+        let cmd = Cmd::Complete {
+            scope: scope.clone(),
+            key: key.clone(),
+            token,
+            response,
+        };
+        match self.write(cmd).await? {
+            Done::Record(r) => Ok(r),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    async fn release(
+        &self,
+        scope: &Scope,
+        key: &Key,
+        token: FencingToken,
+    ) -> Result<(), StoreError> {
+        let cmd = Cmd::Release {
+            scope: scope.clone(),
+            key: key.clone(),
+            token,
+        };
+        match self.write(cmd).await? {
+            Done::Released => Ok(()),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    async fn extend(
+        &self,
+        scope: &Scope,
+        key: &Key,
+        token: FencingToken,
+        lease: Duration,
+    ) -> Result<Timestamp, StoreError> {
+        let cmd = Cmd::Extend {
+            scope: scope.clone(),
+            key: key.clone(),
+            token,
+            lease,
+        };
+        match self.write(cmd).await? {
+            Done::Extended(t) => Ok(t),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    async fn get(&self, scope: &Scope, key: &Key) -> Result<Option<Record>, StoreError> {
+        let now = self.inner.clock.now();
+        Ok(self.read(scope, key).await?.filter(|r| !r.is_expired(now)))
+    }
+
+    async fn purge_expired(&self, limit: usize) -> Result<usize, StoreError> {
+        match self.write(Cmd::Purge { limit }).await? {
+            Done::Purged(n) => Ok(n),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    async fn resolve(
+        &self,
+        scope: &Scope,
+        key: &Key,
+        resolution: Resolution,
+    ) -> Result<Option<Record>, StoreError> {
+        let cmd = Cmd::Resolve {
+            scope: scope.clone(),
+            key: key.clone(),
+            resolution,
+        };
+        match self.write(cmd).await? {
+            Done::Resolved(r) => Ok(r),
+            other => Err(unexpected(other)),
+        }
+    }
+}

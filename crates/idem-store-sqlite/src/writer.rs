@@ -1,0 +1,236 @@
+//! The one writer: applies queued writes in group-committed transactions.
+//!
+//! The thread blocks for the first queued command, takes every other command already queued
+//! (up to [`MAX_BATCH`]), applies them in one `BEGIN IMMEDIATE` transaction and commits: one
+//! fsync for the lot. Answers are sent only after the commit, so nobody hears "acquired" for a
+//! claim that is not on disk. While it syncs, new commands queue up and form the next batch,
+//! so the batch size follows the load by itself.
+//!
+//! If one command fails inside a batch (a database error, not a refusal like a stale token),
+//! the batch is rolled back and each command is retried alone, so one bad command cannot fail
+//! the others; a failed commit fails the whole batch, closed.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::mpsc::{Receiver, TryRecvError};
+use std::time::Duration;
+
+use idem_core::machine::{self, Write};
+use idem_core::{
+    Claim, ClaimRequest, Clock, FencingToken, Key, Record, Resolution, Scope, StoreError,
+    StoredResponse, Timestamp,
+};
+use rusqlite::{Connection, TransactionBehavior};
+use tokio::sync::oneshot;
+
+use crate::row;
+
+/// Most commands in one transaction; bounds how long one commit holds the file lock.
+pub(crate) const MAX_BATCH: usize = 512;
+
+/// A write to apply.
+#[derive(Debug)]
+pub(crate) enum Cmd {
+    Claim(ClaimRequest),
+    Complete {
+        scope: Scope,
+        key: Key,
+        token: FencingToken,
+        response: StoredResponse,
+    },
+    Release {
+        scope: Scope,
+        key: Key,
+        token: FencingToken,
+    },
+    Extend {
+        scope: Scope,
+        key: Key,
+        token: FencingToken,
+        lease: Duration,
+    },
+    Resolve {
+        scope: Scope,
+        key: Key,
+        resolution: Resolution,
+    },
+    Purge {
+        limit: usize,
+    },
+    /// A replay answered from a read; counted here, nobody waits for it.
+    CountReplay {
+        scope: Scope,
+        key: Key,
+        token: FencingToken,
+    },
+}
+
+/// What a command produced.
+#[derive(Debug)]
+pub(crate) enum Done {
+    Claim(Claim),
+    Record(Record),
+    Released,
+    Extended(Timestamp),
+    Resolved(Option<Record>),
+    Purged(usize),
+    Counted,
+}
+
+pub(crate) type Reply = Option<oneshot::Sender<Result<Done, StoreError>>>;
+
+/// A queued command and where its answer goes.
+#[derive(Debug)]
+pub(crate) struct Job {
+    pub(crate) cmd: Cmd,
+    pub(crate) reply: Reply,
+}
+
+pub(crate) struct Writer {
+    pub(crate) conn: Connection,
+    pub(crate) path: PathBuf,
+    pub(crate) clock: Arc<dyn Clock>,
+}
+
+impl Writer {
+    /// Runs until every sender is gone, then returns after the last batch is committed.
+    pub(crate) fn run(mut self, rx: Receiver<Job>) {
+        while let Ok(first) = rx.recv() {
+            let mut batch = vec![first];
+            while batch.len() < MAX_BATCH {
+                match rx.try_recv() {
+                    Ok(job) => batch.push(job),
+                    Err(TryRecvError::Empty | TryRecvError::Disconnected) => break,
+                }
+            }
+            self.commit_batch(batch);
+        }
+    }
+
+    fn commit_batch(&mut self, batch: Vec<Job>) {
+        let (cmds, replies): (Vec<Cmd>, Vec<Reply>) =
+            batch.into_iter().map(|j| (j.cmd, j.reply)).unzip();
+        let outcomes = match self.transact(&cmds) {
+            Ok(outcomes) => outcomes,
+            Err(e) if cmds.len() == 1 => vec![Err(self.unavailable(e))],
+            Err(_) => cmds
+                .iter()
+                .map(|cmd| match self.transact(std::slice::from_ref(cmd)) {
+                    Ok(mut one) => one.pop().unwrap_or_else(|| Err(self.internal())),
+                    Err(e) => Err(self.unavailable(e)),
+                })
+                .collect(),
+        };
+        let mut orphans = Vec::new();
+        for ((cmd, reply), outcome) in cmds.into_iter().zip(replies).zip(outcomes) {
+            let Some(reply) = reply else { continue };
+            if let Err(Ok(Done::Claim(Claim::Acquired(lease)))) = reply.send(outcome) {
+                // The caller dropped its claim before hearing it was acquired: nobody will
+                // execute, so the key is released rather than left to become abandoned.
+                if let Cmd::Claim(req) = cmd {
+                    orphans.push(Cmd::Release {
+                        scope: req.scope,
+                        key: req.key,
+                        token: lease.token,
+                    });
+                }
+            }
+        }
+        if !orphans.is_empty() {
+            if let Err(e) = self.transact(&orphans) {
+                tracing::warn!(error = %e, "could not release claims whose callers went away; they will read as abandoned");
+            }
+        }
+    }
+
+    /// Applies `cmds` in one transaction. `Err` means the transaction was rolled back.
+    fn transact(&mut self, cmds: &[Cmd]) -> rusqlite::Result<Vec<Result<Done, StoreError>>> {
+        let now = self.clock.now();
+        let tx = self
+            .conn
+            .transaction_with_behavior(TransactionBehavior::Immediate)?;
+        let mut outcomes = Vec::with_capacity(cmds.len());
+        for cmd in cmds {
+            outcomes.push(apply(&tx, cmd, now)?);
+        }
+        tx.commit()?;
+        Ok(outcomes)
+    }
+
+    fn unavailable(&self, e: rusqlite::Error) -> StoreError {
+        crate::schema::unavailable(&self.path, "write", e)
+    }
+
+    fn internal(&self) -> StoreError {
+        StoreError::Corrupt(format!(
+            "sqlite {}: a write produced no answer",
+            self.path.display()
+        ))
+    }
+}
+
+/// Reads the row, decides with [`machine`], writes what it says.
+fn apply(
+    conn: &Connection,
+    cmd: &Cmd,
+    now: Timestamp,
+) -> rusqlite::Result<Result<Done, StoreError>> {
+    let (scope, key) = match cmd {
+        Cmd::Purge { limit } => return Ok(Ok(Done::Purged(row::purge(conn, now, *limit)?))),
+        Cmd::CountReplay { scope, key, token } => {
+            row::count_replay(conn, scope, key, *token)?;
+            return Ok(Ok(Done::Counted));
+        }
+        Cmd::Claim(req) => (&req.scope, &req.key),
+        Cmd::Complete { scope, key, .. }
+        | Cmd::Release { scope, key, .. }
+        | Cmd::Extend { scope, key, .. }
+        | Cmd::Resolve { scope, key, .. } => (scope, key),
+    };
+    let existing = match row::select(conn, scope, key)? {
+        Ok(r) => r,
+        Err(corrupt) => return Ok(Err(corrupt)),
+    };
+    let existing = existing.as_ref();
+    let decided: Result<(Done, Write), StoreError> = match cmd {
+        Cmd::Claim(req) => {
+            let (claim, write) = machine::claim(existing, req, now, FencingToken::random());
+            Ok((Done::Claim(claim), write))
+        }
+        Cmd::Complete {
+            token, response, ..
+        } => machine::complete(existing, *token, response.clone(), now)
+            .map(|r| (Done::Record(r.clone()), Write::Put(r))),
+        Cmd::Release { token, .. } => {
+            machine::release(existing, *token, now).map(|()| (Done::Released, Write::Delete))
+        }
+        Cmd::Extend { token, lease, .. } => machine::extend(existing, *token, *lease, now)
+            .map(|r| (Done::Extended(r.lease_expires_at), Write::Put(r))),
+        Cmd::Resolve { resolution, .. } => {
+            machine::resolve(existing, resolution.clone(), now).map(|(r, w)| (Done::Resolved(r), w))
+        }
+        Cmd::Purge { .. } | Cmd::CountReplay { .. } => unreachable_cmd(),
+    };
+    let (done, write) = match decided {
+        Ok(d) => d,
+        Err(refusal) => return Ok(Err(refusal)),
+    };
+    match write {
+        Write::Nothing => {}
+        Write::Put(rec) => row::upsert(conn, &rec)?,
+        Write::Delete => row::delete(conn, scope, key)?,
+        Write::CountReplay => {
+            if let Some(r) = existing {
+                row::count_replay(conn, scope, key, r.token)?;
+            }
+        }
+    }
+    Ok(Ok(done))
+}
+
+/// Purge and CountReplay return before the match that would reach here.
+fn unreachable_cmd() -> Result<(Done, Write), StoreError> {
+    Err(StoreError::Corrupt(
+        "internal: command dispatched twice".into(),
+    ))
+}
