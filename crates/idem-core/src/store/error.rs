@@ -23,9 +23,10 @@ pub enum StoreError {
         /// The record's state.
         state: RecordState,
     },
-    /// The backend could not be read or written.
+    /// The backend could not be read or written. The message includes the cause's, so the
+    /// cause is not repeated as `source()`.
     #[error("store unavailable: {0}")]
-    Unavailable(#[source] BoxError),
+    Unavailable(BoxError),
     /// The backend holds data idem cannot read (a newer schema, a damaged row).
     #[error("store data is unreadable: {0}")]
     Corrupt(String),

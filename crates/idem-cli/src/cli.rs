@@ -1,0 +1,102 @@
+//! Command-line flags, and their validation into typed values.
+
+use std::path::PathBuf;
+
+use anyhow::{Context, Result};
+use clap::{Args, Parser, Subcommand};
+use idem_core::{Key, Scope};
+
+use crate::store_url::{DEFAULT_STORE, StoreUrl};
+
+/// idem makes agent tool calls safe to retry: a repeated idempotency key gets the original
+/// result instead of running the side effect again.
+#[derive(Debug, Parser)]
+#[command(name = "idem", version, propagate_version = true)]
+pub(crate) struct Cli {
+    #[command(subcommand)]
+    pub(crate) command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub(crate) enum Command {
+    /// Print one record's whole story: state, fingerprint, times, counters, stored response.
+    Inspect(InspectArgs),
+    /// Settle an abandoned record (outcome unknown): release it, or record its result.
+    Resolve(ResolveArgs),
+    /// Delete expired records now, in bounded batches.
+    Gc(GcArgs),
+}
+
+/// Which record an operator command is about.
+#[derive(Debug, Args)]
+pub(crate) struct TargetArgs {
+    /// The store: memory: or sqlite:PATH.
+    #[arg(long, env = "IDEM_STORE", default_value = DEFAULT_STORE, value_name = "URL")]
+    pub(crate) store: StoreUrl,
+    /// The scope label as stored (as logs and `--json` show it); requests without a
+    /// principal use `anonymous`.
+    #[arg(long, default_value = idem_core::scope::ANONYMOUS, value_name = "SCOPE")]
+    pub(crate) scope: String,
+    /// The idempotency key as the client sent it (without header quoting).
+    #[arg(value_name = "KEY")]
+    pub(crate) key: String,
+}
+
+/// A validated [`TargetArgs`].
+pub(crate) struct Target {
+    pub(crate) store: StoreUrl,
+    pub(crate) scope: Scope,
+    pub(crate) key: Key,
+}
+
+impl TargetArgs {
+    pub(crate) fn resolve(self) -> Result<Target> {
+        let key = Key::new(self.key.clone())
+            .with_context(|| format!("KEY {:?} is not a valid idempotency key", self.key))?;
+        let scope = Scope::new(self.scope.clone())
+            .with_context(|| format!("--scope {:?} is not a valid scope", self.scope))?;
+        Ok(Target {
+            store: self.store,
+            scope,
+            key,
+        })
+    }
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct InspectArgs {
+    #[command(flatten)]
+    pub(crate) target: TargetArgs,
+    /// Print JSON instead of text.
+    #[arg(long)]
+    pub(crate) json: bool,
+}
+
+#[derive(Debug, Args)]
+#[command(group(clap::ArgGroup::new("how").required(true).args(["release", "status"])))]
+pub(crate) struct ResolveArgs {
+    #[command(flatten)]
+    pub(crate) target: TargetArgs,
+    /// The side effect surely did not happen: forget the key, so the next request executes.
+    #[arg(long, conflicts_with_all = ["status", "body", "header"])]
+    pub(crate) release: bool,
+    /// The side effect happened: store this HTTP status as its result, replayed from now on.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u16).range(100..=599))]
+    pub(crate) status: Option<u16>,
+    /// File holding the response body to store with --status.
+    #[arg(long, value_name = "FILE", requires = "status")]
+    pub(crate) body: Option<PathBuf>,
+    /// A response header to store with --status, as NAME:VALUE (repeatable).
+    #[arg(long, value_name = "NAME:VALUE", requires = "status")]
+    pub(crate) header: Vec<String>,
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct GcArgs {
+    /// The store: memory: or sqlite:PATH.
+    #[arg(long, env = "IDEM_STORE", default_value = DEFAULT_STORE, value_name = "URL")]
+    pub(crate) store: StoreUrl,
+    /// Records deleted per transaction, so the store is never locked for long.
+    #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u32).range(1..=100_000))]
+    pub(crate) batch: u32,
+}

@@ -1,0 +1,27 @@
+//! `idem inspect`: one record's whole story.
+
+use anyhow::{Result, bail};
+use idem_core::{Clock, Store, SystemClock};
+
+use crate::cli::{InspectArgs, Target};
+
+pub(crate) async fn run(args: InspectArgs) -> Result<()> {
+    let Target { store, scope, key } = args.target.resolve()?;
+    let (k, s) = (key.as_str().to_owned(), scope.as_str().to_owned());
+    let store = store.open(true)?;
+    let Some(record) = store.get(&scope, &key).await? else {
+        bail!(
+            "no record for key {k:?} in scope {s:?}: it was never claimed, was released, or its retention ended"
+        );
+    };
+    let now = SystemClock.now();
+    if args.json {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&crate::render::json(&record, now))?
+        );
+    } else {
+        print!("{}", crate::render::text(&record, now));
+    }
+    Ok(())
+}

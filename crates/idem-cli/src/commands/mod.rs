@@ -1,0 +1,5 @@
+//! One module per subcommand.
+
+pub(crate) mod gc;
+pub(crate) mod inspect;
+pub(crate) mod resolve;

@@ -1,0 +1,286 @@
+//! `idem inspect`, `idem resolve` and `idem gc` run as a user runs them: the real binary, on a
+//! real SQLite file that the store library wrote.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::time::Duration;
+
+use idem_core::{
+    AbandonedPolicy, Claim, ClaimRequest, Fingerprint, Key, Scope, Store, StoredResponse,
+};
+use idem_store_sqlite::SqliteStore;
+
+fn idem(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_idem"))
+        .args(args)
+        .env_remove("IDEM_STORE")
+        .output()
+        .unwrap_or_else(|e| panic!("run idem: {e}"))
+}
+
+fn stdout(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+fn k(s: &str) -> Key {
+    Key::new(s).unwrap_or_else(|e| panic!("{e}"))
+}
+
+fn req(key: &str, lease: Duration, retention: Duration) -> ClaimRequest {
+    ClaimRequest {
+        scope: Scope::anonymous(),
+        key: k(key),
+        fingerprint: Fingerprint::http(
+            "POST",
+            "/v1/charges",
+            Some("application/json"),
+            br#"{"amount":4900}"#,
+        ),
+        lease,
+        retention,
+        on_abandoned: AbandonedPolicy::Reject,
+    }
+}
+
+/// A file with: `done` completed (201, JSON body), `lost` abandoned, `gone1..3` expired.
+fn seeded_store(dir: &Path) -> PathBuf {
+    let path = dir.join("idem.db");
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .unwrap_or_else(|e| panic!("{e}"));
+    rt.block_on(async {
+        let store = SqliteStore::open(&path).unwrap_or_else(|e| panic!("open: {e}"));
+        let hour = Duration::from_secs(3600);
+        let Ok(Claim::Acquired(l)) = store.claim(req("done", hour, hour)).await else {
+            panic!("claim done");
+        };
+        let mut resp = StoredResponse::new(201, br#"{"charge_id":"ch_1"}"#.to_vec());
+        resp.headers
+            .push(("content-type".into(), b"application/json".to_vec()));
+        store
+            .complete(&Scope::anonymous(), &k("done"), l.token, resp)
+            .await
+            .unwrap_or_else(|e| panic!("complete: {e}"));
+        assert!(matches!(
+            store.claim(req("done", hour, hour)).await,
+            Ok(Claim::Completed(_))
+        ));
+        assert!(matches!(
+            store
+                .claim(req("lost", Duration::from_millis(1), hour))
+                .await,
+            Ok(Claim::Acquired(_))
+        ));
+        for i in 1..=3 {
+            let key = format!("gone{i}");
+            let Ok(Claim::Acquired(l)) =
+                store.claim(req(&key, hour, Duration::from_millis(1))).await
+            else {
+                panic!("claim {key}");
+            };
+            store
+                .complete(
+                    &Scope::anonymous(),
+                    &k(&key),
+                    l.token,
+                    StoredResponse::new(200, Vec::new()),
+                )
+                .await
+                .unwrap_or_else(|e| panic!("complete: {e}"));
+        }
+    });
+    std::thread::sleep(Duration::from_millis(20));
+    path
+}
+
+#[test]
+fn inspect_tells_a_completed_records_story() {
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let db = seeded_store(dir.path());
+    let url = format!("sqlite:{}", db.display());
+    let o = idem(&["inspect", "--store", &url, "done"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let text = stdout(&o);
+    for want in [
+        "key          done",
+        "state        completed",
+        "status       201",
+        "header       content-type: application/json",
+        "{\"charge_id\":\"ch_1\"}",
+        "attempts     1",
+    ] {
+        assert!(text.contains(want), "missing {want:?} in:\n{text}");
+    }
+    // The replay is counted after it is answered; allow the writer its moment.
+    let o = idem(&["inspect", "--store", &url, "--json", "done"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: serde_json::Value =
+        serde_json::from_slice(&o.stdout).unwrap_or_else(|e| panic!("json: {e}"));
+    assert_eq!(v["state"], "completed");
+    assert_eq!(v["replays"], 1);
+    assert_eq!(v["response"]["status"], 201);
+    assert_eq!(v["response"]["body"]["text"], "{\"charge_id\":\"ch_1\"}");
+    assert_eq!(v["fingerprint"].as_str().map(str::len), Some(64));
+}
+
+#[test]
+fn resolve_settles_an_abandoned_record_and_refuses_others() {
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let db = seeded_store(dir.path());
+    let url = format!("sqlite:{}", db.display());
+    let o = idem(&["inspect", "--store", &url, "lost"]);
+    assert!(stdout(&o).contains("abandoned"), "{}", stdout(&o));
+
+    let refused = idem(&["resolve", "--store", &url, "done", "--release"]);
+    assert!(!refused.status.success());
+    assert!(
+        stderr(&refused).contains("is completed; only an abandoned record can be resolved"),
+        "{}",
+        stderr(&refused)
+    );
+
+    let body = dir.path().join("body.json");
+    std::fs::write(&body, br#"{"charge_id":"ch_9","settled":true}"#)
+        .unwrap_or_else(|e| panic!("{e}"));
+    let body_arg = body.display().to_string();
+    let o = idem(&[
+        "resolve",
+        "--store",
+        &url,
+        "lost",
+        "--status",
+        "200",
+        "--body",
+        &body_arg,
+        "--header",
+        "Content-Type: application/json",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(stdout(&o).contains("resolved \"lost\""), "{}", stdout(&o));
+
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .unwrap_or_else(|e| panic!("{e}"));
+    let store = SqliteStore::open(&db).unwrap_or_else(|e| panic!("open: {e}"));
+    let hour = Duration::from_secs(3600);
+    match rt.block_on(store.claim(req("lost", hour, hour))) {
+        Ok(Claim::Completed(r)) => {
+            assert_eq!(r.completed_by, Some(idem_core::CompletedBy::Operator));
+            let resp = r.response.unwrap_or_else(|| panic!("no response"));
+            assert_eq!(resp.status, 200);
+            assert_eq!(
+                resp.headers,
+                vec![("content-type".to_owned(), b"application/json".to_vec())]
+            );
+            assert_eq!(
+                resp.body,
+                idem_core::StoredBody::Full(br#"{"charge_id":"ch_9","settled":true}"#.to_vec())
+            );
+        }
+        other => panic!("after resolve: {other:?}"),
+    }
+}
+
+#[test]
+fn resolve_release_frees_the_key() {
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let db = seeded_store(dir.path());
+    let url = format!("sqlite:{}", db.display());
+    let o = idem(&["resolve", "--store", &url, "lost", "--release"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let o = idem(&["inspect", "--store", &url, "lost"]);
+    assert!(!o.status.success());
+    assert!(
+        stderr(&o).contains("no record for key \"lost\""),
+        "{}",
+        stderr(&o)
+    );
+}
+
+#[test]
+fn gc_purges_expired_records_only() {
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let db = seeded_store(dir.path());
+    let url = format!("sqlite:{}", db.display());
+    let o = idem(&["gc", "--store", &url, "--batch", "2"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(stdout(&o).trim(), "purged 3 expired records");
+    let o = idem(&["gc", "--store", &url]);
+    assert_eq!(stdout(&o).trim(), "purged 0 expired records");
+    assert!(idem(&["inspect", "--store", &url, "done"]).status.success());
+}
+
+#[test]
+fn bad_input_gets_a_precise_message_and_a_failing_exit() {
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let db = seeded_store(dir.path());
+    let url = format!("sqlite:{}", db.display());
+    let missing = format!("sqlite:{}", dir.path().join("nope.db").display());
+    let cases: Vec<(Vec<&str>, &str)> = vec![
+        (vec!["inspect", "--store", "idem.db", "k"], "has no scheme"),
+        (
+            vec!["inspect", "--store", "mysql://x", "k"],
+            "unknown scheme \"mysql\"",
+        ),
+        (
+            vec!["inspect", "--store", &missing, "k"],
+            "no store file at",
+        ),
+        (
+            vec!["inspect", "--store", &url, "bad key"],
+            "byte 0x20 at position 3",
+        ),
+        (
+            vec!["inspect", "--store", &url, "--scope", "", "k"],
+            "not a valid scope",
+        ),
+        (
+            vec!["inspect", "--store", &url, "never-used"],
+            "no record for key \"never-used\"",
+        ),
+        (vec!["resolve", "--store", &url, "lost"], "--release"),
+        (
+            vec!["resolve", "--store", &url, "lost", "--status", "700"],
+            "700",
+        ),
+        (
+            vec![
+                "resolve",
+                "--store",
+                &url,
+                "lost",
+                "--status",
+                "200",
+                "--body",
+                "/nonexistent/x",
+            ],
+            "cannot read --body",
+        ),
+        (
+            vec![
+                "resolve", "--store", &url, "lost", "--status", "200", "--header", "novalue",
+            ],
+            "is not NAME:VALUE",
+        ),
+        (vec!["gc", "--store", &url, "--batch", "0"], "0"),
+    ];
+    for (args, want) in cases {
+        let o = idem(&args);
+        assert!(!o.status.success(), "{args:?} succeeded");
+        assert!(
+            stderr(&o).contains(want),
+            "{args:?}: {want:?} not in {}",
+            stderr(&o)
+        );
+    }
+    assert!(
+        !dir.path().join("nope.db").exists(),
+        "an operator command created a store file"
+    );
+}

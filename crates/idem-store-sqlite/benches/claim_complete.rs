@@ -1,0 +1,183 @@
+//! Claim + complete pairs per second: MemoryStore, SqliteStore (durable, group-committed), and
+//! a naive SQLite path (one fsynced transaction per claim and per completion, one connection
+//! per claimer) as the baseline group commit has to beat. 1 and 32 concurrent claimers.
+//!
+//! Run: `cargo bench -p idem-store-sqlite --bench claim_complete`
+//! Files go to `IDEM_BENCH_DIR` (default: the system temp dir); put it on the disk you deploy
+//! on, since the fsync is what is being measured.
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
+use idem_core::{
+    AbandonedPolicy, Claim, ClaimRequest, Fingerprint, Key, MemoryStore, Scope, Store,
+    StoredResponse,
+};
+use idem_store_sqlite::SqliteStore;
+use rusqlite::{Connection, TransactionBehavior, params};
+
+static NEXT: AtomicU64 = AtomicU64::new(0);
+
+fn fresh_req() -> ClaimRequest {
+    let n = NEXT.fetch_add(1, Ordering::Relaxed);
+    ClaimRequest {
+        scope: Scope::anonymous(),
+        key: Key::new(format!("bench-{n}")).unwrap_or_else(|e| panic!("{e}")),
+        fingerprint: Fingerprint::http("POST", "/v1/charges", None, &n.to_le_bytes()),
+        lease: Duration::from_secs(60),
+        retention: Duration::from_secs(3600),
+        on_abandoned: AbandonedPolicy::Reject,
+    }
+}
+
+async fn pair<S: Store>(store: &S) {
+    let req = fresh_req();
+    let (scope, key) = (req.scope.clone(), req.key.clone());
+    let Ok(Claim::Acquired(lease)) = store.claim(req).await else {
+        panic!("a fresh key was not acquired");
+    };
+    let resp = StoredResponse::new(201, br#"{"charge_id":"ch_123","amount":4900}"#.to_vec());
+    if let Err(e) = store.complete(&scope, &key, lease.token, resp).await {
+        panic!("complete: {e}");
+    }
+}
+
+/// `iters` pairs spread over `concurrency` tasks; returns the wall time.
+fn run_pairs<S: Store + Clone>(
+    rt: &tokio::runtime::Runtime,
+    store: &S,
+    concurrency: u64,
+    iters: u64,
+) -> Duration {
+    rt.block_on(async {
+        let start = Instant::now();
+        let tasks: Vec<_> = (0..concurrency)
+            .map(|t| {
+                let store = store.clone();
+                let share = iters / concurrency + u64::from(t < iters % concurrency);
+                tokio::spawn(async move {
+                    for _ in 0..share {
+                        pair(&store).await;
+                    }
+                })
+            })
+            .collect();
+        for t in tasks {
+            if let Err(e) = t.await {
+                panic!("task: {e}");
+            }
+        }
+        start.elapsed()
+    })
+}
+
+fn bench_dir() -> PathBuf {
+    std::env::var_os("IDEM_BENCH_DIR").map_or_else(std::env::temp_dir, PathBuf::from)
+}
+
+/// The naive baseline: what a service writes without idem's writer.
+fn naive_open(path: &Path) -> Connection {
+    let c = Connection::open(path).unwrap_or_else(|e| panic!("{e}"));
+    c.busy_timeout(Duration::from_secs(30))
+        .unwrap_or_else(|e| panic!("{e}"));
+    let _: String = c
+        .query_row("PRAGMA journal_mode = WAL", [], |r| r.get(0))
+        .unwrap_or_else(|e| panic!("{e}"));
+    c.pragma_update(None, "synchronous", "FULL")
+        .unwrap_or_else(|e| panic!("{e}"));
+    c.execute_batch(
+        "CREATE TABLE IF NOT EXISTS naive (key TEXT PRIMARY KEY, fingerprint BLOB, state INTEGER, response BLOB) WITHOUT ROWID",
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    c
+}
+
+fn naive_pair(c: &mut Connection) {
+    let req = fresh_req();
+    let tx = c
+        .transaction_with_behavior(TransactionBehavior::Immediate)
+        .unwrap_or_else(|e| panic!("{e}"));
+    let exists: bool = tx
+        .query_row(
+            "SELECT count(*) FROM naive WHERE key = ?1",
+            [req.key.as_str()],
+            |r| r.get::<_, i64>(0),
+        )
+        .map(|n| n > 0)
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert!(!exists);
+    tx.execute(
+        "INSERT INTO naive (key, fingerprint, state) VALUES (?1, ?2, 0)",
+        params![req.key.as_str(), req.fingerprint.as_bytes().as_slice()],
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    tx.commit().unwrap_or_else(|e| panic!("{e}"));
+    c.execute(
+        "UPDATE naive SET state = 1, response = ?2 WHERE key = ?1",
+        params![req.key.as_str(), b"{\"charge_id\":\"ch_123\"}".as_slice()],
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+}
+
+fn naive_run(path: &Path, concurrency: u64, iters: u64) -> Duration {
+    let start = Instant::now();
+    std::thread::scope(|s| {
+        for t in 0..concurrency {
+            let share = iters / concurrency + u64::from(t < iters % concurrency);
+            s.spawn(move || {
+                let mut c = naive_open(path);
+                for _ in 0..share {
+                    naive_pair(&mut c);
+                }
+            });
+        }
+    });
+    start.elapsed()
+}
+
+fn claim_complete(c: &mut Criterion) {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap_or_else(|e| panic!("{e}"));
+    let dir = tempfile::tempdir_in(bench_dir()).unwrap_or_else(|e| panic!("{e}"));
+    let mut group = c.benchmark_group("claim_complete");
+    group.throughput(Throughput::Elements(1));
+    group.measurement_time(Duration::from_secs(5));
+    group.sample_size(20);
+
+    let memory = MemoryStore::new();
+    let sqlite = SqliteStore::open(dir.path().join("idem.db")).unwrap_or_else(|e| panic!("{e}"));
+    let naive = dir.path().join("naive.db");
+    drop(naive_open(&naive));
+    for concurrency in [1u64, 32] {
+        group.bench_with_input(
+            BenchmarkId::new("memory", concurrency),
+            &concurrency,
+            |b, &n| {
+                b.iter_custom(|iters| run_pairs(&rt, &memory, n, iters));
+            },
+        );
+        group.bench_with_input(
+            BenchmarkId::new("sqlite", concurrency),
+            &concurrency,
+            |b, &n| {
+                b.iter_custom(|iters| run_pairs(&rt, &sqlite, n, iters));
+            },
+        );
+        group.bench_with_input(
+            BenchmarkId::new("sqlite_naive", concurrency),
+            &concurrency,
+            |b, &n| {
+                b.iter_custom(|iters| naive_run(&naive, n, iters));
+            },
+        );
+    }
+    group.finish();
+}
+
+criterion_group!(benches, claim_complete);
+criterion_main!(benches);
