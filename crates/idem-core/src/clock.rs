@@ -93,7 +93,7 @@ impl Clock for SystemClock {
     fn now(&self) -> Timestamp {
         let ms = SystemTime::now()
             .duration_since(UNIX_EPOCH)
-            .map_or(0, |d| duration_millis(d));
+            .map_or(0, duration_millis);
         Timestamp(ms)
     }
 }

@@ -195,9 +195,13 @@ mod tests {
         let cases = [
             json!({"\u{20ac}": "Euro Sign", "\r": "Carriage Return", "\u{fb33}": "Hebrew Letter Dalet With Dagesh",
                    "1": "One", "\u{1f600}": "Emoji: Grinning Face", "\u{80}": "Control", "\u{f6}": "Latin Small Letter O With Diaeresis"}),
-            json!({"numbers": [333333333.33333329, 1E30, 4.50, 2e-3, 0.000000000000000000000000001],
-                   "string": "\u{20ac}$\u{000F}\u{000a}A'\u{0042}\u{0022}\u{005c}\\\"/",
-                   "literals": [null, true, false]}),
+            // RFC 8785 §3.2.2's input, as text: its numbers are the point of the example.
+            serde_json::from_str(
+                r#"{"numbers": [333333333.33333329, 1E30, 4.50, 2e-3, 0.000000000000000000000000001],
+                    "string": "\u20ac$\u000F\u000aA'\u0042\u0022\u005c\\\"\/",
+                    "literals": [null, true, false]}"#,
+            )
+            .unwrap_or_default(),
             json!([1.0, -0.0, 1e21, 5e-324, {"b": [], "a": {}}]),
         ];
         for v in &cases {

@@ -1,12 +1,14 @@
 //! Claim + complete pairs per second: MemoryStore, SqliteStore (durable, group-committed), and
-//! a naive SQLite path (one fsynced transaction per claim and per completion, one connection
-//! per claimer) as the baseline group commit has to beat. 1 and 32 concurrent claimers.
+//! a naive SQLite path as the baseline group commit has to beat: one connection behind a
+//! mutex, one fsynced transaction per claim and one per completion. 1 and 32 concurrent
+//! claimers.
 //!
 //! Run: `cargo bench -p idem-store-sqlite --bench claim_complete`
 //! Files go to `IDEM_BENCH_DIR` (default: the system temp dir); put it on the disk you deploy
 //! on, since the fsync is what is being measured.
 
 use std::path::{Path, PathBuf};
+use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
@@ -121,14 +123,14 @@ fn naive_pair(c: &mut Connection) {
     .unwrap_or_else(|e| panic!("{e}"));
 }
 
-fn naive_run(path: &Path, concurrency: u64, iters: u64) -> Duration {
+fn naive_run(conn: &Mutex<Connection>, concurrency: u64, iters: u64) -> Duration {
     let start = Instant::now();
     std::thread::scope(|s| {
         for t in 0..concurrency {
             let share = iters / concurrency + u64::from(t < iters % concurrency);
             s.spawn(move || {
-                let mut c = naive_open(path);
                 for _ in 0..share {
+                    let mut c = conn.lock().unwrap_or_else(|p| p.into_inner());
                     naive_pair(&mut c);
                 }
             });
@@ -151,8 +153,7 @@ fn claim_complete(c: &mut Criterion) {
 
     let memory = MemoryStore::new();
     let sqlite = SqliteStore::open(dir.path().join("idem.db")).unwrap_or_else(|e| panic!("{e}"));
-    let naive = dir.path().join("naive.db");
-    drop(naive_open(&naive));
+    let naive = Mutex::new(naive_open(&dir.path().join("naive.db")));
     for concurrency in [1u64, 32] {
         group.bench_with_input(
             BenchmarkId::new("memory", concurrency),

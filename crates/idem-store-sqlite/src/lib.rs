@@ -20,6 +20,7 @@
 //! # Runtime
 //! The async methods need a tokio runtime (reads run on its blocking pool).
 
+mod checkpoint;
 mod readers;
 mod row;
 mod schema;

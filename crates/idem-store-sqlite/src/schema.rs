@@ -64,8 +64,18 @@ pub(crate) fn prepare_writer(conn: &mut Connection, path: &Path) -> Result<(), S
         ));
     }
     // FULL: the WAL is fsynced at every commit, so an acquired claim survives power loss.
+    // (The writer switches to NORMAL for commits that need no fsync; see writer.rs.)
     conn.pragma_update(None, "synchronous", "FULL")
         .map_err(|e| unavailable(path, "synchronous", e))?;
+    // Checkpoints run on their own thread (checkpoint.rs); this is only the backstop.
+    conn.pragma_update(None, "wal_autocheckpoint", 10_000)
+        .map_err(|e| unavailable(path, "wal_autocheckpoint", e))?;
+    // The writer reads every row it decides on: keep the hot part of the tree in memory.
+    conn.pragma_update(None, "cache_size", -65_536)
+        .map_err(|e| unavailable(path, "cache_size", e))?;
+    // A WAL that grew during a burst is cut back to this size once checkpointed.
+    conn.pragma_update(None, "journal_size_limit", 64 * 1024 * 1024)
+        .map_err(|e| unavailable(path, "journal_size_limit", e))?;
     let tx = conn
         .transaction_with_behavior(TransactionBehavior::Immediate)
         .map_err(|e| unavailable(path, "lock for schema", e))?;

@@ -13,7 +13,8 @@ use idem_core::{
 };
 use tokio::sync::oneshot;
 
-use crate::readers::Readers;
+use crate::checkpoint::Checkpointer;
+use crate::readers::{Patience, Readers, WouldWait};
 use crate::writer::{Cmd, Done, Job, Writer};
 use crate::{row, schema};
 
@@ -47,6 +48,8 @@ struct Inner {
     readers: Readers,
     tx: Mutex<Option<Sender<Job>>>,
     writer: Mutex<Option<JoinHandle<()>>>,
+    /// Dropping it stops the checkpointer.
+    checkpointer: Mutex<Option<Checkpointer>>,
 }
 
 impl fmt::Debug for SqliteStore {
@@ -61,6 +64,12 @@ impl Drop for Inner {
     /// Stops the writer after it has committed everything queued, so nothing acknowledged or
     /// counted is lost on a clean shutdown.
     fn drop(&mut self) {
+        drop(
+            self.checkpointer
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .take(),
+        );
         drop(self.tx.lock().unwrap_or_else(|p| p.into_inner()).take());
         if let Some(handle) = self.writer.lock().unwrap_or_else(|p| p.into_inner()).take() {
             let _ = handle.join();
@@ -80,15 +89,12 @@ impl SqliteStore {
         let mut conn = schema::connect(&path, options.busy_timeout)?;
         schema::prepare_writer(&mut conn, &path)?;
         let (tx, rx) = mpsc::channel();
-        let writer = Writer {
-            conn,
-            path: path.clone(),
-            clock: options.clock.clone(),
-        };
+        let writer = Writer::new(conn, path.clone(), options.clock.clone());
         let handle = std::thread::Builder::new()
             .name("idem-sqlite-writer".into())
             .spawn(move || writer.run(rx))
             .map_err(StoreError::unavailable)?;
+        let checkpointer = Checkpointer::start(&path, options.busy_timeout)?;
         Ok(SqliteStore {
             inner: Arc::new(Inner {
                 readers: Readers::new(&path, options.busy_timeout),
@@ -96,6 +102,7 @@ impl SqliteStore {
                 clock: options.clock,
                 tx: Mutex::new(Some(tx)),
                 writer: Mutex::new(Some(handle)),
+                checkpointer: Mutex::new(Some(checkpointer)),
             }),
         })
     }
@@ -111,9 +118,8 @@ impl SqliteStore {
         reply: Option<oneshot::Sender<Result<Done, StoreError>>>,
     ) -> Result<(), StoreError> {
         let guard = self.inner.tx.lock().unwrap_or_else(|p| p.into_inner());
-        let sent = guard.as_ref().map(|tx| tx.send(Job { cmd, reply }));
-        match sent {
-            Some(Ok(())) => Ok(()),
+        match guard.as_ref() {
+            Some(tx) if tx.send(Job { cmd, reply }).is_ok() => Ok(()),
             _ => Err(self.writer_gone()),
         }
     }
@@ -135,14 +141,27 @@ impl SqliteStore {
         )
     }
 
-    /// A point read on a pooled connection, on tokio's blocking pool.
+    /// A point read on a pooled connection: on this thread, or on the blocking pool if it
+    /// would have to wait for a lock (see [`crate::readers`]).
     async fn read(&self, scope: &Scope, key: &Key) -> Result<Option<Record>, StoreError> {
+        let select = |conn: &rusqlite::Connection| row::select(conn, scope, key);
+        if let Ok(result) = self.inner.readers.with(Patience::None, select) {
+            return result;
+        }
         let this = self.clone();
         let (scope, key) = (scope.clone(), key.clone());
         tokio::task::spawn_blocking(move || {
-            this.inner
-                .readers
-                .with(|conn| row::select(conn, &scope, &key))
+            let select = |conn: &rusqlite::Connection| row::select(conn, &scope, &key);
+            match this.inner.readers.with(Patience::Full, select) {
+                Ok(result) => result,
+                Err(WouldWait) => Err(StoreError::Unavailable(
+                    format!(
+                        "sqlite {}: read: database is locked",
+                        this.inner.path.display()
+                    )
+                    .into(),
+                )),
+            }
         })
         .await
         .map_err(StoreError::unavailable)?

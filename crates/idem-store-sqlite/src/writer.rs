@@ -1,7 +1,7 @@
 //! The one writer: applies queued writes in group-committed transactions.
 //!
 //! The thread blocks for the first queued command, takes every other command already queued
-//! (up to [`MAX_BATCH`]), applies them in one `BEGIN IMMEDIATE` transaction and commits: one
+//! (up to [`MAX_BATCH`]), applies them in `BEGIN IMMEDIATE` transactions and commits: one
 //! fsync for the lot. Answers are sent only after the commit, so nobody hears "acquired" for a
 //! claim that is not on disk. While it syncs, new commands queue up and form the next batch,
 //! so the batch size follows the load by itself.
@@ -65,6 +65,31 @@ pub(crate) enum Cmd {
     },
 }
 
+impl Cmd {
+    /// Whether the answer must wait for an fsync.
+    ///
+    /// A claim must be durable before the side effect runs (DESIGN §9), and an operator's
+    /// resolution is a decision someone waits to see stick. A completion, release, extension,
+    /// purge or replay count is committed and visible before it is answered, but may be lost
+    /// in a power failure before the next fsync; the record then stays in flight and its lease
+    /// runs out into `abandoned` (DESIGN §6), so nothing executes twice.
+    pub(crate) fn needs_fsync(&self) -> bool {
+        matches!(self, Cmd::Claim(_) | Cmd::Resolve { .. })
+    }
+}
+
+impl Writer {
+    /// A writer over a connection prepared by [`crate::schema::prepare_writer`].
+    pub(crate) fn new(conn: Connection, path: PathBuf, clock: Arc<dyn Clock>) -> Self {
+        Writer {
+            conn,
+            path,
+            clock,
+            sync: None,
+        }
+    }
+}
+
 /// What a command produced.
 #[derive(Debug)]
 pub(crate) enum Done {
@@ -87,13 +112,30 @@ pub(crate) struct Job {
 }
 
 pub(crate) struct Writer {
-    pub(crate) conn: Connection,
-    pub(crate) path: PathBuf,
-    pub(crate) clock: Arc<dyn Clock>,
+    conn: Connection,
+    path: PathBuf,
+    clock: Arc<dyn Clock>,
+    /// The `synchronous` mode the connection is in, if known.
+    sync: Option<Sync>,
+}
+
+/// How a transaction is committed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Sync {
+    /// `synchronous=FULL`: the WAL is fsynced before the commit returns.
+    Full,
+    /// `synchronous=NORMAL`: committed and visible to every reader, written to the OS but not
+    /// yet fsynced; the next `Full` commit's fsync makes it durable too (the WAL is one file).
+    Normal,
 }
 
 impl Writer {
     /// Runs until every sender is gone, then returns after the last batch is committed.
+    ///
+    /// Each round takes what is queued and commits it in at most two transactions: first the
+    /// writes that need no fsync (see [`Cmd::needs_fsync`]), answered as soon as they are
+    /// committed and visible; then the claims and resolutions, answered after the fsync. An
+    /// executor so waits for one fsync per execution (its claim), not two.
     pub(crate) fn run(mut self, rx: Receiver<Job>) {
         while let Ok(first) = rx.recv() {
             let mut batch = vec![first];
@@ -103,21 +145,57 @@ impl Writer {
                     Err(TryRecvError::Empty | TryRecvError::Disconnected) => break,
                 }
             }
-            self.commit_batch(batch);
+            let (mut durable, fast): (Vec<Job>, Vec<Job>) =
+                batch.into_iter().partition(|j| j.cmd.needs_fsync());
+            if !fast.is_empty() {
+                self.commit_batch(fast, Sync::Normal);
+                // Claims that arrived meanwhile (often from executors that just heard their
+                // completion) share this round's fsync rather than wait for the next.
+                while durable.len() < MAX_BATCH {
+                    match rx.try_recv() {
+                        Ok(job) => durable.push(job),
+                        Err(TryRecvError::Empty | TryRecvError::Disconnected) => break,
+                    }
+                }
+            }
+            if !durable.is_empty() {
+                self.commit_batch(durable, Sync::Full);
+            }
         }
     }
 
-    fn commit_batch(&mut self, batch: Vec<Job>) {
+    fn set_sync(&mut self, sync: Sync) -> rusqlite::Result<()> {
+        if self.sync != Some(sync) {
+            // Forget the mode first: if the pragma fails, the next batch sets it again.
+            self.sync = None;
+            let value = match sync {
+                Sync::Full => "FULL",
+                Sync::Normal => "NORMAL",
+            };
+            self.conn.pragma_update(None, "synchronous", value)?;
+            self.sync = Some(sync);
+        }
+        Ok(())
+    }
+
+    fn commit_batch(&mut self, batch: Vec<Job>, sync: Sync) {
         let (cmds, replies): (Vec<Cmd>, Vec<Reply>) =
             batch.into_iter().map(|j| (j.cmd, j.reply)).unzip();
-        let outcomes = match self.transact(&cmds) {
+        // A claim must never be answered from a commit that was not fsynced: if the mode
+        // cannot be set, the whole batch fails, closed.
+        let outcomes = match self.set_sync(sync).and_then(|()| self.transact(&cmds)) {
             Ok(outcomes) => outcomes,
             Err(e) if cmds.len() == 1 => vec![Err(self.unavailable(e))],
             Err(_) => cmds
                 .iter()
-                .map(|cmd| match self.transact(std::slice::from_ref(cmd)) {
-                    Ok(mut one) => one.pop().unwrap_or_else(|| Err(self.internal())),
-                    Err(e) => Err(self.unavailable(e)),
+                .map(|cmd| {
+                    match self
+                        .set_sync(sync)
+                        .and_then(|()| self.transact(std::slice::from_ref(cmd)))
+                    {
+                        Ok(mut one) => one.pop().unwrap_or_else(|| Err(self.internal())),
+                        Err(e) => Err(self.unavailable(e)),
+                    }
                 })
                 .collect(),
         };
@@ -136,10 +214,10 @@ impl Writer {
                 }
             }
         }
-        if !orphans.is_empty() {
-            if let Err(e) = self.transact(&orphans) {
-                tracing::warn!(error = %e, "could not release claims whose callers went away; they will read as abandoned");
-            }
+        if !orphans.is_empty()
+            && let Err(e) = self.transact(&orphans)
+        {
+            tracing::warn!(error = %e, "could not release claims whose callers went away; they will read as abandoned");
         }
     }
 
