@@ -1,0 +1,98 @@
+//! A store that reports how long each call took, as the histogram
+//! `idem_store_call_seconds{op}`, and counts store failures by operation.
+
+use std::future::Future;
+use std::time::{Duration, Instant};
+
+use idem_core::{
+    Claim, ClaimRequest, FencingToken, Key, Record, Resolution, Scope, Store, StoreError,
+    StoredResponse, Timestamp,
+};
+
+/// Wraps a store with latency metrics. Cloning clones the inner store.
+#[derive(Debug, Clone)]
+pub struct MeteredStore<S> {
+    inner: S,
+}
+
+impl<S> MeteredStore<S> {
+    /// Wraps `inner`.
+    pub const fn new(inner: S) -> Self {
+        MeteredStore { inner }
+    }
+
+    /// The wrapped store.
+    pub const fn get_ref(&self) -> &S {
+        &self.inner
+    }
+}
+
+async fn timed<T>(
+    op: &'static str,
+    call: impl Future<Output = Result<T, StoreError>>,
+) -> Result<T, StoreError> {
+    let start = Instant::now();
+    let out = call.await;
+    metrics::histogram!("idem_store_call_seconds", "op" => op)
+        .record(start.elapsed().as_secs_f64());
+    if let Err(e) = &out
+        && e.is_unavailable()
+    {
+        metrics::counter!("idem_store_errors_total", "op" => op).increment(1);
+    }
+    out
+}
+
+impl<S: Store> Store for MeteredStore<S> {
+    async fn claim(&self, req: ClaimRequest) -> Result<Claim, StoreError> {
+        timed("claim", self.inner.claim(req)).await
+    }
+
+    async fn complete(
+        &self,
+        scope: &Scope,
+        key: &Key,
+        token: FencingToken,
+        response: StoredResponse,
+    ) -> Result<Record, StoreError> {
+        timed("complete", self.inner.complete(scope, key, token, response)).await
+    }
+
+    async fn release(
+        &self,
+        scope: &Scope,
+        key: &Key,
+        token: FencingToken,
+    ) -> Result<(), StoreError> {
+        timed("release", self.inner.release(scope, key, token)).await
+    }
+
+    async fn extend(
+        &self,
+        scope: &Scope,
+        key: &Key,
+        token: FencingToken,
+        lease: Duration,
+    ) -> Result<Timestamp, StoreError> {
+        timed("extend", self.inner.extend(scope, key, token, lease)).await
+    }
+
+    async fn get(&self, scope: &Scope, key: &Key) -> Result<Option<Record>, StoreError> {
+        timed("get", self.inner.get(scope, key)).await
+    }
+
+    async fn purge_expired(&self, limit: usize) -> Result<usize, StoreError> {
+        let n = timed("purge", self.inner.purge_expired(limit)).await?;
+        metrics::counter!("idem_purged_records_total").increment(n as u64);
+        Ok(n)
+    }
+
+    async fn resolve(
+        &self,
+        scope: &Scope,
+        key: &Key,
+        resolution: Resolution,
+    ) -> Result<Option<Record>, StoreError> {
+        timed("resolve", self.inner.resolve(scope, key, resolution)).await
+    }
+}

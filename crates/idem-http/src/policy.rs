@@ -1,0 +1,268 @@
+//! Per-route policy: which requests need a key, and how their keys behave.
+//!
+//! A route is a method (or any) and a path pattern; the first listed route that matches a
+//! request decides. A request that matches none gets the default policy: a key, when present
+//! on an unsafe method, is honoured; none is required (issue 3, DESIGN §3).
+
+use std::fmt;
+use std::time::Duration;
+
+use http::Method;
+use idem_core::{AbandonedPolicy, Policy};
+
+/// Default bound on a buffered request body: 1 MiB.
+pub const DEFAULT_MAX_BODY: usize = 1024 * 1024;
+
+/// How requests on one route are treated.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RoutePolicy {
+    /// Whether a request without `Idempotency-Key` is refused (400 `key-missing`).
+    pub require_key: bool,
+    /// Lease, retention, unknown-outcome policy, released statuses, stored-body bound.
+    pub engine: Policy,
+    /// How long a duplicate of an in-flight request waits for the first one's result before
+    /// answering 409; `None` answers 409 at once.
+    pub wait: Option<Duration>,
+    /// Bound on the request body, which is buffered to fingerprint it (413 over it).
+    pub max_body: usize,
+}
+
+impl Default for RoutePolicy {
+    fn default() -> Self {
+        RoutePolicy {
+            require_key: false,
+            engine: Policy::default(),
+            wait: None,
+            max_body: DEFAULT_MAX_BODY,
+        }
+    }
+}
+
+impl RoutePolicy {
+    /// The policy for routes that require keys: DESIGN §5 makes `reject` their default for
+    /// unknown outcomes.
+    pub fn requiring_key() -> Self {
+        RoutePolicy {
+            require_key: true,
+            engine: Policy {
+                on_abandoned: AbandonedPolicy::Reject,
+                ..Policy::default()
+            },
+            ..RoutePolicy::default()
+        }
+    }
+}
+
+/// A path pattern: literal segments, `{name}` for any one segment, and a final `*` for any
+/// rest (including none). `/v1/charges/{id}/capture`, `/v1/*`.
+#[derive(Clone, PartialEq, Eq)]
+pub struct PathPattern {
+    text: String,
+    segments: Vec<Segment>,
+    rest: bool,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Segment {
+    Literal(String),
+    Any,
+}
+
+/// Why a path pattern was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum PatternError {
+    /// Patterns are absolute.
+    #[error("path pattern {0:?} must start with /")]
+    NotAbsolute(String),
+    /// `*` may only be the last segment.
+    #[error("path pattern {0:?}: * may only be the last segment")]
+    StarNotLast(String),
+    /// A segment mixes `{`/`}` or `*` with other text.
+    #[error("path pattern {0:?}: a parameter must be a whole segment, like /{{id}}")]
+    BadParam(String),
+}
+
+impl PathPattern {
+    /// Parses a pattern.
+    pub fn new(pattern: &str) -> Result<Self, PatternError> {
+        let Some(body) = pattern.strip_prefix('/') else {
+            return Err(PatternError::NotAbsolute(pattern.to_owned()));
+        };
+        let parts: Vec<&str> = if body.is_empty() {
+            Vec::new()
+        } else {
+            body.split('/').collect()
+        };
+        let mut segments = Vec::new();
+        let mut rest = false;
+        for (i, part) in parts.iter().enumerate() {
+            if *part == "*" {
+                if i + 1 != parts.len() {
+                    return Err(PatternError::StarNotLast(pattern.to_owned()));
+                }
+                rest = true;
+            } else if part.starts_with('{') && part.ends_with('}') && part.len() > 2 {
+                segments.push(Segment::Any);
+            } else if part.contains(['{', '}', '*']) {
+                return Err(PatternError::BadParam(pattern.to_owned()));
+            } else {
+                segments.push(Segment::Literal((*part).to_owned()));
+            }
+        }
+        Ok(PathPattern {
+            text: pattern.to_owned(),
+            segments,
+            rest,
+        })
+    }
+
+    /// Whether `path` (without the query) matches.
+    pub fn matches(&self, path: &str) -> bool {
+        let body = path.strip_prefix('/').unwrap_or(path);
+        let mut parts = if body.is_empty() {
+            Vec::new()
+        } else {
+            body.split('/').collect::<Vec<_>>()
+        };
+        // A trailing slash is not a segment of its own: /v1/charges/ is /v1/charges.
+        if parts.last() == Some(&"") {
+            parts.pop();
+        }
+        if parts.len() < self.segments.len() || (!self.rest && parts.len() != self.segments.len()) {
+            return false;
+        }
+        self.segments
+            .iter()
+            .zip(&parts)
+            .all(|(seg, part)| match seg {
+                Segment::Literal(l) => l == part,
+                Segment::Any => !part.is_empty(),
+            })
+    }
+}
+
+impl fmt::Debug for PathPattern {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "PathPattern({:?})", self.text)
+    }
+}
+
+impl fmt::Display for PathPattern {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.text)
+    }
+}
+
+/// One route: a method (or any) and a pattern.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Route {
+    /// `None` matches every method.
+    pub method: Option<Method>,
+    /// The path pattern.
+    pub path: PathPattern,
+    /// The policy of requests that match.
+    pub policy: RoutePolicy,
+}
+
+/// The routing table: first match wins, else the default.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Routes {
+    routes: Vec<Route>,
+    default: RoutePolicy,
+}
+
+impl Routes {
+    /// No routes: every request gets `default`.
+    pub fn new(default: RoutePolicy) -> Self {
+        Routes {
+            routes: Vec::new(),
+            default,
+        }
+    }
+
+    /// Adds a route after the existing ones.
+    pub fn route(mut self, method: Option<Method>, path: PathPattern, policy: RoutePolicy) -> Self {
+        self.routes.push(Route {
+            method,
+            path,
+            policy,
+        });
+        self
+    }
+
+    /// The policy for a request.
+    pub fn policy_for(&self, method: &Method, path: &str) -> &RoutePolicy {
+        self.routes
+            .iter()
+            .find(|r| r.method.as_ref().is_none_or(|m| m == method) && r.path.matches(path))
+            .map_or(&self.default, |r| &r.policy)
+    }
+
+    /// The routes, in order.
+    pub fn iter(&self) -> impl Iterator<Item = &Route> {
+        self.routes.iter()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn p(s: &str) -> PathPattern {
+        PathPattern::new(s).unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    #[test]
+    fn patterns_match_segments() {
+        assert!(p("/v1/charges").matches("/v1/charges"));
+        assert!(p("/v1/charges").matches("/v1/charges/"));
+        assert!(!p("/v1/charges").matches("/v1/charges/ch_1"));
+        assert!(!p("/v1/charges").matches("/v1/chargesX"));
+        assert!(p("/v1/charges/{id}/capture").matches("/v1/charges/ch_1/capture"));
+        assert!(!p("/v1/charges/{id}/capture").matches("/v1/charges//capture"));
+        assert!(p("/v1/*").matches("/v1"));
+        assert!(p("/v1/*").matches("/v1/a/b/c"));
+        assert!(!p("/v1/*").matches("/v2/a"));
+        assert!(p("/*").matches("/anything/at/all"));
+        assert!(p("/").matches("/"));
+    }
+
+    #[test]
+    fn bad_patterns_are_refused() {
+        assert!(matches!(
+            PathPattern::new("v1"),
+            Err(PatternError::NotAbsolute(_))
+        ));
+        assert!(matches!(
+            PathPattern::new("/a/*/b"),
+            Err(PatternError::StarNotLast(_))
+        ));
+        assert!(matches!(
+            PathPattern::new("/a/x{id}"),
+            Err(PatternError::BadParam(_))
+        ));
+    }
+
+    #[test]
+    fn first_match_wins_and_methods_filter() {
+        let strict = RoutePolicy::requiring_key();
+        let routes = Routes::new(RoutePolicy::default())
+            .route(Some(Method::POST), p("/v1/charges"), strict.clone())
+            .route(
+                None,
+                p("/v1/*"),
+                RoutePolicy {
+                    max_body: 5,
+                    ..RoutePolicy::default()
+                },
+            );
+        assert!(routes.policy_for(&Method::POST, "/v1/charges").require_key);
+        assert!(!routes.policy_for(&Method::PUT, "/v1/charges").require_key);
+        assert_eq!(routes.policy_for(&Method::PUT, "/v1/charges").max_body, 5);
+        assert_eq!(
+            routes.policy_for(&Method::POST, "/other"),
+            &RoutePolicy::default()
+        );
+    }
+}

@@ -1,0 +1,502 @@
+//! The layer inside an axum service, request by request: every row of DESIGN §3, the caching
+//! rules of §4, fail-closed on store errors (§6), scopes, limits and waiting.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::Duration;
+
+use axum::Router;
+use axum::body::Body;
+use axum::extract::State;
+use axum::http::{HeaderMap, Request, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::post;
+use http_body_util::BodyExt;
+use idem_core::{
+    Claim, ClaimRequest, FencingToken, Key, MemoryStore, Policy, Record, Resolution, Scope, Store,
+    StoreError, StoredResponse, Timestamp,
+};
+use idem_http::{Config, IdempotencyLayer, PathPattern, RoutePolicy, Routes};
+use tower::ServiceExt;
+
+#[derive(Clone, Default)]
+struct Counter(Arc<AtomicU32>);
+
+impl Counter {
+    fn get(&self) -> u32 {
+        self.0.load(Ordering::SeqCst)
+    }
+}
+
+/// A charge endpoint that is not idempotent itself: each call makes a new charge id. The
+/// `x-status` header picks its status, `x-sleep-ms` makes it slow, `x-size` pads the body.
+async fn charge(State(count): State<Counter>, headers: HeaderMap, body: String) -> Response {
+    let n = count.0.fetch_add(1, Ordering::SeqCst) + 1;
+    let header = |name: &str| {
+        headers
+            .get(name)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.parse::<u64>().ok())
+    };
+    if let Some(ms) = header("x-sleep-ms") {
+        tokio::time::sleep(Duration::from_millis(ms)).await;
+    }
+    if headers.contains_key("x-panic") {
+        panic!("the handler panicked");
+    }
+    let status = header("x-status")
+        .and_then(|s| StatusCode::from_u16(s as u16).ok())
+        .unwrap_or(StatusCode::CREATED);
+    let pad = "x".repeat(header("x-size").unwrap_or(0) as usize);
+    let body = format!(r#"{{"charge_id":"ch_{n}","request":{body:?},"pad":"{pad}"}}"#);
+    (
+        status,
+        [
+            ("content-type", "application/json"),
+            ("x-charge", &format!("ch_{n}")),
+        ],
+        body,
+    )
+        .into_response()
+}
+
+fn pattern(p: &str) -> PathPattern {
+    PathPattern::new(p).unwrap_or_else(|e| panic!("{e}"))
+}
+
+fn config(policy: RoutePolicy) -> Config {
+    let routes = Routes::default()
+        .route(Some(http::Method::POST), pattern("/v1/charges"), policy)
+        .route(
+            None,
+            pattern("/v1/small"),
+            RoutePolicy {
+                max_body: 16,
+                ..RoutePolicy::default()
+            },
+        );
+    Config {
+        routes,
+        ..Config::default()
+    }
+}
+
+fn app<St: Store + Clone>(store: St, policy: RoutePolicy) -> (Router, Counter) {
+    let count = Counter::default();
+    let router = Router::new()
+        .route("/v1/charges", post(charge).get(charge))
+        .route("/v1/other", post(charge))
+        .route("/v1/small", post(charge))
+        .with_state(count.clone())
+        .layer(IdempotencyLayer::new(store, config(policy)));
+    (router, count)
+}
+
+fn post_req(path: &str, key: Option<&str>, body: &str) -> http::request::Builder {
+    let mut b = Request::post(path).header("content-type", "application/json");
+    if let Some(k) = key {
+        b = b.header("idempotency-key", k);
+    }
+    let _ = body;
+    b
+}
+
+struct Got {
+    status: StatusCode,
+    headers: HeaderMap,
+    body: String,
+}
+
+impl Got {
+    fn problem_type(&self) -> String {
+        let v: serde_json::Value = serde_json::from_str(&self.body).unwrap_or_default();
+        v["type"].as_str().unwrap_or_default().to_owned()
+    }
+    fn replayed(&self) -> bool {
+        self.headers
+            .get("idempotent-replayed")
+            .is_some_and(|v| v == "true")
+    }
+}
+
+async fn send(app: &Router, req: http::request::Builder, body: &str) -> Got {
+    let req = req
+        .body(Body::from(body.to_owned()))
+        .unwrap_or_else(|e| panic!("{e}"));
+    let resp = app
+        .clone()
+        .oneshot(req)
+        .await
+        .unwrap_or_else(|e| match e {});
+    let (parts, body) = resp.into_parts();
+    let bytes = body
+        .collect()
+        .await
+        .map(|c| c.to_bytes())
+        .unwrap_or_default();
+    Got {
+        status: parts.status,
+        headers: parts.headers,
+        body: String::from_utf8_lossy(&bytes).into_owned(),
+    }
+}
+
+const BODY: &str = r#"{"customer_id":"cus_8g2k","amount_cents":4900}"#;
+
+#[tokio::test]
+async fn executes_once_and_replays_byte_for_byte() {
+    let (app, count) = app(MemoryStore::new(), RoutePolicy::requiring_key());
+    let first = send(&app, post_req("/v1/charges", Some("k1"), BODY), BODY).await;
+    assert_eq!(first.status, StatusCode::CREATED);
+    assert!(!first.replayed());
+    let again = send(&app, post_req("/v1/charges", Some("k1"), BODY), BODY).await;
+    assert_eq!(again.status, first.status);
+    assert_eq!(again.body, first.body);
+    assert_eq!(again.headers.get("x-charge"), first.headers.get("x-charge"));
+    assert_eq!(
+        again.headers.get("content-type"),
+        first.headers.get("content-type")
+    );
+    assert!(again.replayed());
+    assert_eq!(count.get(), 1);
+}
+
+#[tokio::test]
+async fn reordered_json_replays_and_a_changed_value_is_refused() {
+    let (app, count) = app(MemoryStore::new(), RoutePolicy::requiring_key());
+    send(&app, post_req("/v1/charges", Some("k1"), BODY), BODY).await;
+    let reordered = r#"{ "amount_cents": 4900,
+                         "customer_id": "cus_8g2k" }"#;
+    let r = send(
+        &app,
+        post_req("/v1/charges", Some("k1"), reordered),
+        reordered,
+    )
+    .await;
+    assert!(r.replayed(), "{}", r.body);
+    let changed = r#"{"customer_id":"cus_8g2k","amount_cents":4901}"#;
+    let r = send(&app, post_req("/v1/charges", Some("k1"), changed), changed).await;
+    assert_eq!(r.status, StatusCode::UNPROCESSABLE_ENTITY);
+    assert_eq!(
+        r.headers.get("content-type").map(|v| v.as_bytes()),
+        Some(&b"application/problem+json"[..])
+    );
+    assert_eq!(r.problem_type(), "urn:idem:problem:key-reused");
+    // Another path with the same key is another request too.
+    let r = send(&app, post_req("/v1/other", Some("k1"), BODY), BODY).await;
+    assert_eq!(r.status, StatusCode::UNPROCESSABLE_ENTITY);
+    assert_eq!(count.get(), 1);
+}
+
+#[tokio::test]
+async fn keys_are_required_where_configured_and_honoured_elsewhere() {
+    let (app, count) = app(MemoryStore::new(), RoutePolicy::requiring_key());
+    let r = send(&app, post_req("/v1/charges", None, BODY), BODY).await;
+    assert_eq!(r.status, StatusCode::BAD_REQUEST);
+    assert_eq!(r.problem_type(), "urn:idem:problem:key-missing");
+    let v: serde_json::Value = serde_json::from_str(&r.body).unwrap_or_default();
+    assert_eq!(v["status"], 400);
+    assert!(v["title"].is_string() && v["detail"].is_string());
+    assert_eq!(count.get(), 0);
+    // Unlisted route: no key, no protection, executes each time; a key is honoured.
+    send(&app, post_req("/v1/other", None, BODY), BODY).await;
+    send(&app, post_req("/v1/other", None, BODY), BODY).await;
+    assert_eq!(count.get(), 2);
+    send(&app, post_req("/v1/other", Some("o1"), BODY), BODY).await;
+    let r = send(&app, post_req("/v1/other", Some("o1"), BODY), BODY).await;
+    assert!(r.replayed());
+    assert_eq!(count.get(), 3);
+    // Safe methods pass through, key or not.
+    send(
+        &app,
+        Request::get("/v1/charges").header("idempotency-key", "g"),
+        "",
+    )
+    .await;
+    send(
+        &app,
+        Request::get("/v1/charges").header("idempotency-key", "g"),
+        "",
+    )
+    .await;
+    assert_eq!(count.get(), 5);
+}
+
+#[tokio::test]
+async fn malformed_keys_get_400_key_invalid_and_execute_nothing() {
+    let (app, count) = app(MemoryStore::new(), RoutePolicy::requiring_key());
+    let long = "k".repeat(256);
+    for bad in ["", "   ", "a b", "\"unterminated", long.as_str()] {
+        let r = send(&app, post_req("/v1/charges", Some(bad), BODY), BODY).await;
+        assert_eq!(r.status, StatusCode::BAD_REQUEST, "{bad:?}");
+        assert_eq!(r.problem_type(), "urn:idem:problem:key-invalid", "{bad:?}");
+    }
+    let non_ascii = Request::post("/v1/charges").header(
+        "idempotency-key",
+        http::HeaderValue::from_bytes("café".as_bytes()).unwrap_or_else(|e| panic!("{e}")),
+    );
+    let r = send(&app, non_ascii, BODY).await;
+    assert_eq!(r.problem_type(), "urn:idem:problem:key-invalid");
+    assert!(r.body.contains("0xc3"), "{}", r.body);
+    let twice = post_req("/v1/charges", Some("a"), BODY).header("idempotency-key", "b");
+    let r = send(&app, twice, BODY).await;
+    assert!(r.body.contains("more than once"), "{}", r.body);
+    assert_eq!(count.get(), 0);
+}
+
+#[tokio::test]
+async fn bodies_over_the_route_bound_get_413() {
+    let (app, count) = app(MemoryStore::new(), RoutePolicy::requiring_key());
+    let r = send(
+        &app,
+        post_req("/v1/small", Some("s"), "0123456789abcdefg"),
+        "0123456789abcdefg",
+    )
+    .await;
+    assert_eq!(r.status, StatusCode::PAYLOAD_TOO_LARGE);
+    assert_eq!(r.problem_type(), "urn:idem:problem:body-too-large");
+    let r = send(
+        &app,
+        post_req("/v1/small", Some("s"), "0123456789abcdef"),
+        "0123456789abcdef",
+    )
+    .await;
+    assert_eq!(r.status, StatusCode::CREATED);
+    assert_eq!(count.get(), 1);
+}
+
+#[tokio::test]
+async fn scopes_keep_principals_apart() {
+    let (app, count) = app(MemoryStore::new(), RoutePolicy::requiring_key());
+    let as_user = |who: &str| {
+        post_req("/v1/charges", Some("same"), BODY).header("authorization", format!("Bearer {who}"))
+    };
+    let a = send(&app, as_user("alice"), BODY).await;
+    let b = send(&app, as_user("bob"), BODY).await;
+    assert_ne!(a.body, b.body, "bob got alice's charge");
+    assert!(!b.replayed());
+    assert!(send(&app, as_user("alice"), BODY).await.replayed());
+    let anon = send(&app, post_req("/v1/charges", Some("same"), BODY), BODY).await;
+    assert!(!anon.replayed());
+    assert_eq!(count.get(), 3);
+}
+
+#[tokio::test]
+async fn not_processed_statuses_release_and_errors_are_kept() {
+    let (app, count) = app(MemoryStore::new(), RoutePolicy::requiring_key());
+    for (key, status) in [("r429", 429), ("r503", 503)] {
+        let r = send(
+            &app,
+            post_req("/v1/charges", Some(key), BODY).header("x-status", status),
+            BODY,
+        )
+        .await;
+        assert_eq!(r.status.as_u16(), status);
+        let r = send(&app, post_req("/v1/charges", Some(key), BODY), BODY).await;
+        assert_eq!(r.status, StatusCode::CREATED, "{key} was not released");
+        assert!(!r.replayed());
+    }
+    let r = send(
+        &app,
+        post_req("/v1/charges", Some("r500"), BODY).header("x-status", 500),
+        BODY,
+    )
+    .await;
+    assert_eq!(r.status, StatusCode::INTERNAL_SERVER_ERROR);
+    let again = send(&app, post_req("/v1/charges", Some("r500"), BODY), BODY).await;
+    assert_eq!(again.status, StatusCode::INTERNAL_SERVER_ERROR);
+    assert!(again.replayed());
+    assert_eq!(count.get(), 5);
+}
+
+#[tokio::test]
+async fn a_duplicate_in_flight_gets_409_or_waits_for_the_result() {
+    for wait in [None, Some(Duration::from_secs(5))] {
+        let policy = RoutePolicy {
+            wait,
+            ..RoutePolicy::requiring_key()
+        };
+        let (app, count) = app(MemoryStore::new(), policy);
+        let slow = {
+            let app = app.clone();
+            tokio::spawn(async move {
+                send(
+                    &app,
+                    post_req("/v1/charges", Some("k"), BODY).header("x-sleep-ms", 300),
+                    BODY,
+                )
+                .await
+            })
+        };
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let dup = send(&app, post_req("/v1/charges", Some("k"), BODY), BODY).await;
+        let first = slow.await.unwrap_or_else(|e| panic!("{e}"));
+        if wait.is_none() {
+            assert_eq!(dup.status, StatusCode::CONFLICT);
+            assert_eq!(dup.problem_type(), "urn:idem:problem:in-flight");
+            assert_eq!(
+                dup.headers.get("retry-after").map(|v| v.as_bytes()),
+                Some(&b"1"[..])
+            );
+        } else {
+            assert!(dup.replayed(), "{} {}", dup.status, dup.body);
+            assert_eq!(dup.body, first.body);
+        }
+        assert_eq!(count.get(), 1);
+    }
+}
+
+#[tokio::test]
+async fn oversized_responses_are_returned_once_then_replayed_as_a_problem() {
+    let policy = RoutePolicy {
+        engine: Policy {
+            max_stored_body: 100,
+            ..Policy::default()
+        },
+        ..RoutePolicy::requiring_key()
+    };
+    let (app, count) = app(MemoryStore::new(), policy);
+    let r = send(
+        &app,
+        post_req("/v1/charges", Some("big"), BODY).header("x-size", 500),
+        BODY,
+    )
+    .await;
+    assert_eq!(r.status, StatusCode::CREATED);
+    assert!(r.body.len() > 500);
+    let again = send(&app, post_req("/v1/charges", Some("big"), BODY), BODY).await;
+    assert_eq!(again.status, StatusCode::CONFLICT);
+    assert_eq!(again.problem_type(), "urn:idem:problem:response-too-large");
+    assert!(again.replayed());
+    let v: serde_json::Value = serde_json::from_str(&again.body).unwrap_or_default();
+    assert_eq!(v["original_status"], 201);
+    assert_eq!(v["body_length"].as_u64(), Some(r.body.len() as u64));
+    assert_eq!(count.get(), 1);
+}
+
+#[tokio::test]
+async fn a_panicking_handler_leaves_the_key_abandoned_not_released() {
+    let policy = RoutePolicy {
+        engine: Policy {
+            lease: Duration::from_millis(100),
+            ..Policy::default()
+        },
+        ..RoutePolicy::requiring_key()
+    };
+    let (app, count) = app(MemoryStore::new(), policy);
+    let crashed = {
+        let app = app.clone();
+        tokio::spawn(async move {
+            send(
+                &app,
+                post_req("/v1/charges", Some("p"), BODY).header("x-panic", "1"),
+                BODY,
+            )
+            .await
+        })
+    };
+    assert!(crashed.await.is_err_and(|e| e.is_panic()));
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    let r = send(&app, post_req("/v1/charges", Some("p"), BODY), BODY).await;
+    assert_eq!(r.status, StatusCode::CONFLICT);
+    assert_eq!(r.problem_type(), "urn:idem:problem:outcome-unknown");
+    assert_eq!(count.get(), 1);
+}
+
+/// A store whose every call fails, as a disk or a network would.
+#[derive(Clone)]
+struct Broken;
+
+fn down() -> StoreError {
+    StoreError::unavailable("disk on fire")
+}
+
+impl Store for Broken {
+    async fn claim(&self, _: ClaimRequest) -> Result<Claim, StoreError> {
+        Err(down())
+    }
+    async fn complete(
+        &self,
+        _: &Scope,
+        _: &Key,
+        _: FencingToken,
+        _: StoredResponse,
+    ) -> Result<Record, StoreError> {
+        Err(down())
+    }
+    async fn release(&self, _: &Scope, _: &Key, _: FencingToken) -> Result<(), StoreError> {
+        Err(down())
+    }
+    async fn extend(
+        &self,
+        _: &Scope,
+        _: &Key,
+        _: FencingToken,
+        _: Duration,
+    ) -> Result<Timestamp, StoreError> {
+        Err(down())
+    }
+    async fn get(&self, _: &Scope, _: &Key) -> Result<Option<Record>, StoreError> {
+        Err(down())
+    }
+    async fn purge_expired(&self, _: usize) -> Result<usize, StoreError> {
+        Err(down())
+    }
+    async fn resolve(
+        &self,
+        _: &Scope,
+        _: &Key,
+        _: Resolution,
+    ) -> Result<Option<Record>, StoreError> {
+        Err(down())
+    }
+}
+
+#[tokio::test]
+async fn a_store_failure_fails_closed_with_503() {
+    let (app, count) = app(Broken, RoutePolicy::requiring_key());
+    let r = send(&app, post_req("/v1/charges", Some("k"), BODY), BODY).await;
+    assert_eq!(r.status, StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(r.problem_type(), "urn:idem:problem:store-unavailable");
+    assert!(r.headers.contains_key("retry-after"));
+    assert_eq!(count.get(), 0, "executed without a record");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hundred_concurrent_duplicates_execute_once_on_sqlite() {
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let store = idem_store_sqlite::SqliteStore::open(dir.path().join("idem.db"))
+        .unwrap_or_else(|e| panic!("{e}"));
+    let (app, count) = app(store, RoutePolicy::requiring_key());
+    let tasks: Vec<_> = (0..100)
+        .map(|_| {
+            let app = app.clone();
+            tokio::spawn(async move {
+                send(
+                    &app,
+                    post_req("/v1/charges", Some("storm"), BODY).header("x-sleep-ms", 50),
+                    BODY,
+                )
+                .await
+            })
+        })
+        .collect();
+    let mut bodies = std::collections::HashSet::new();
+    let (mut executed, mut replayed, mut conflict) = (0, 0, 0);
+    for t in tasks {
+        let r = t.await.unwrap_or_else(|e| panic!("{e}"));
+        match r.status {
+            StatusCode::CREATED if r.replayed() => replayed += 1,
+            StatusCode::CREATED => executed += 1,
+            StatusCode::CONFLICT => conflict += 1,
+            other => panic!("unexpected {other}: {}", r.body),
+        }
+        if r.status == StatusCode::CREATED {
+            bodies.insert(r.body);
+        }
+    }
+    assert_eq!(count.get(), 1);
+    assert_eq!(executed, 1);
+    assert_eq!(bodies.len(), 1, "replays differ from the original");
+    assert_eq!(executed + replayed + conflict, 100);
+}
