@@ -19,6 +19,16 @@ pub(crate) struct Cli {
 
 #[derive(Debug, Subcommand)]
 pub(crate) enum Command {
+    /// Run the gateway: a reverse proxy that makes an upstream's unsafe requests idempotent.
+    ///
+    /// Requests with an Idempotency-Key execute upstream at most once; repeats get the stored
+    /// response with Idempotent-Replayed: true. Example:
+    ///
+    ///   idem serve --listen 127.0.0.1:8080 --upstream http://127.0.0.1:3000
+    ///
+    /// Routes, limits, timeouts and the admin listener come from --config FILE (TOML; see
+    /// docs/gateway.md). Flags override IDEM_* environment variables, which override the file.
+    Serve(ServeArgs),
     /// Print one record's whole story: state, fingerprint, times, counters, stored response.
     Inspect(InspectArgs),
     /// Settle an abandoned record (outcome unknown): release it, or record its result.
@@ -99,4 +109,23 @@ pub(crate) struct GcArgs {
     /// Records deleted per transaction, so the store is never locked for long.
     #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u32).range(1..=100_000))]
     pub(crate) batch: u32,
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct ServeArgs {
+    /// Address to listen on [default: 127.0.0.1:8080].
+    #[arg(long, env = "IDEM_LISTEN", value_name = "ADDR")]
+    pub(crate) listen: Option<std::net::SocketAddr>,
+    /// The service behind the gateway, as http://host:port[/prefix].
+    #[arg(long, env = "IDEM_UPSTREAM", value_name = "URL")]
+    pub(crate) upstream: Option<String>,
+    /// The store: sqlite:PATH or memory: [default: sqlite:idem.db].
+    #[arg(long, env = "IDEM_STORE", value_name = "URL")]
+    pub(crate) store: Option<String>,
+    /// TOML configuration file: routes, scope headers, limits, timeouts, admin listener.
+    #[arg(long, env = "IDEM_CONFIG", value_name = "FILE")]
+    pub(crate) config: Option<PathBuf>,
+    /// Address of the admin listener (/healthz, /metrics, /keys/KEY) [default: 127.0.0.1:9090].
+    #[arg(long, env = "IDEM_ADMIN_LISTEN", value_name = "ADDR")]
+    pub(crate) admin_listen: Option<std::net::SocketAddr>,
 }

@@ -2,8 +2,8 @@
 
 use std::fmt::Write as _;
 
+use idem_core::report::{header_value, printable};
 use idem_core::{CompletedBy, Record, RecordState, StoredBody, StoredResponse, Timestamp};
-use serde_json::{Value, json};
 
 /// Bodies longer than this are summarised in the text form; `--json` always has them whole.
 const SHOW_BODY: usize = 2048;
@@ -47,17 +47,6 @@ fn state_line(r: &Record, now: Timestamp) -> String {
                 .into()
         }
     }
-}
-
-fn printable(bytes: &[u8]) -> Option<&str> {
-    std::str::from_utf8(bytes).ok().filter(|s| {
-        s.chars()
-            .all(|c| !c.is_control() || c == '\n' || c == '\t' || c == '\r')
-    })
-}
-
-fn header_value(v: &[u8]) -> String {
-    printable(v).map_or_else(|| format!("0x{}", hex::encode(v)), str::to_owned)
 }
 
 /// The text form.
@@ -156,46 +145,4 @@ fn response_text(out: &mut String, resp: &StoredResponse) {
             );
         }
     }
-}
-
-/// The JSON form: stable field names, times in RFC 3339 and in epoch milliseconds.
-pub(crate) fn json(r: &Record, now: Timestamp) -> Value {
-    let time = |t: Timestamp| json!({ "at": t.to_string(), "ms": t.as_millis() });
-    let response = r.response.as_ref().map(|resp| {
-        let headers: Vec<Value> = resp
-            .headers
-            .iter()
-            .map(|(n, v)| json!({ "name": n, "value": header_value(v) }))
-            .collect();
-        let body = match &resp.body {
-            StoredBody::Full(b) => match printable(b) {
-                Some(s) => json!({ "kind": "full", "len": b.len(), "text": s }),
-                None => json!({ "kind": "full", "len": b.len(), "hex": hex::encode(b) }),
-            },
-            StoredBody::Omitted { len, sha256 } => {
-                json!({ "kind": "omitted", "len": len, "sha256": hex::encode(sha256) })
-            }
-        };
-        json!({ "status": resp.status, "headers": headers, "body": body })
-    });
-    json!({
-        "key": r.key.as_str(),
-        "scope": r.scope.as_str(),
-        "state": r.state(now).as_str(),
-        "completed_by": r.completed_by.map(|b| match b {
-            CompletedBy::Executor => "executor",
-            CompletedBy::Operator => "operator",
-        }),
-        "fingerprint": r.fingerprint.to_string(),
-        "token": r.token.to_string(),
-        "created": time(r.created_at),
-        "acquired": time(r.acquired_at),
-        "lease_expires": time(r.lease_expires_at),
-        "completed": r.completed_at.map(time),
-        "expires": time(r.expires_at),
-        "retention_ms": u64::try_from(r.retention.as_millis()).unwrap_or(u64::MAX),
-        "attempts": r.attempts,
-        "replays": r.replays,
-        "response": response,
-    })
 }

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use idem_core::{
     AbandonedPolicy, Claim, CompletedBy, FencingToken, Key, Record, RecordState, Resolution, Scope,
-    Stale, Store, StoreError, StoredBody, StoredResponse,
+    Stale, Store, StoreError, StoredBody, StoredResponse, Timestamp,
 };
 
 use crate::{Cx, LEASE, RETENTION, fp, key, response};
@@ -71,7 +71,11 @@ pub async fn claim_of_absent_key_acquires_a_durable_lease<S: Store>(cx: Cx<S>) {
     assert_eq!(r.created_at, t0);
     assert_eq!(r.acquired_at, t0);
     assert_eq!(r.lease_expires_at, lease.expires_at);
-    assert_eq!(r.expires_at, lease.expires_at.saturating_add(RETENTION));
+    assert_eq!(
+        r.expires_at,
+        Timestamp::NEVER,
+        "only completion starts retention"
+    );
     assert_eq!(r.retention, RETENTION);
     assert_eq!((r.attempts, r.replays), (1, 0));
     assert_eq!(
@@ -388,7 +392,7 @@ pub async fn extend_moves_the_lease<S: Store>(cx: Cx<S>) {
     cx.clock.advance(Duration::from_secs(20)); // past the first lease, within the second
     let r = record(&cx, &k).await;
     assert_eq!(r.lease_expires_at, until);
-    assert_eq!(r.expires_at, until.saturating_add(RETENTION));
+    assert_eq!(r.expires_at, Timestamp::NEVER);
     assert_eq!(r.state(cx.now()), RecordState::InFlight);
     assert!(matches!(
         cx.store.claim(cx.req(&k, fp(1))).await,
@@ -427,16 +431,60 @@ pub async fn completed_record_expires_after_retention<S: Store>(cx: Cx<S>) {
     assert_eq!((r.fingerprint, r.replays, r.response), (fp(2), 0, None));
 }
 
-/// An abandoned record does not live forever: retention counts from the end of its lease.
-pub async fn abandoned_record_expires_after_retention<S: Store>(cx: Cx<S>) {
+/// An abandoned record is kept until it is resolved or taken over: retention counts from
+/// completion, and an unknown outcome that silently expired would re-execute under `reject`.
+pub async fn abandoned_record_is_kept_until_resolved<S: Store>(cx: Cx<S>) {
     let k = key("k1");
     acquired(cx.store.claim(cx.req(&k, fp(1))).await);
-    cx.clock
-        .advance(LEASE + RETENTION - Duration::from_millis(1));
-    assert!(matches!(cx.store.get(&cx.scope, &k).await, Ok(Some(_))));
-    cx.clock.advance(Duration::from_millis(1));
-    assert!(matches!(cx.store.get(&cx.scope, &k).await, Ok(None)));
+    cx.clock.advance(LEASE + RETENTION * 10);
+    let r = record(&cx, &k).await;
+    assert_eq!(r.state(cx.now()), RecordState::Abandoned);
+    assert_eq!(cx.store.purge_expired(100).await.ok(), Some(0));
+    assert!(matches!(
+        cx.store.claim(cx.req(&k, fp(1))).await,
+        Ok(Claim::Abandoned(_))
+    ));
+    assert!(matches!(
+        cx.store.resolve(&cx.scope, &k, Resolution::Release).await,
+        Ok(None)
+    ));
     acquired(cx.store.claim(cx.req(&k, fp(1))).await);
+}
+
+/// A stale token is refused by an abandoned record too: an executor that stalled through an
+/// operator's release and another executor's crash must not complete over that record.
+pub async fn stale_token_is_refused_by_an_abandoned_record<S: Store>(cx: Cx<S>) {
+    let k = key("k1");
+    let a = acquired(cx.store.claim(cx.req(&k, fp(1))).await);
+    cx.clock.advance(LEASE);
+    assert!(matches!(
+        cx.store.resolve(&cx.scope, &k, Resolution::Release).await,
+        Ok(None)
+    ));
+    let b = acquired(cx.store.claim(cx.req(&k, fp(1))).await);
+    assert_ne!(a.token, b.token);
+    cx.clock.advance(LEASE);
+    let before = record(&cx, &k).await;
+    assert_eq!(before.state(cx.now()), RecordState::Abandoned);
+    assert_stale(
+        cx.store
+            .complete(&cx.scope, &k, a.token, response("zombie"))
+            .await,
+        Stale::Superseded,
+    );
+    assert_stale(
+        cx.store.extend(&cx.scope, &k, a.token, LEASE).await,
+        Stale::Superseded,
+    );
+    assert_stale(
+        cx.store.release(&cx.scope, &k, a.token).await,
+        Stale::Superseded,
+    );
+    assert_eq!(
+        record(&cx, &k).await,
+        before,
+        "a stale token changed an abandoned record"
+    );
 }
 
 /// purge_expired deletes at most `limit` per call, only expired records, until none is left.
@@ -501,7 +549,12 @@ pub async fn purge_deletes_only_expired_records_in_bounded_batches<S: Store>(cx:
         RecordState::Abandoned
     );
     cx.clock.advance(RETENTION + LEASE);
-    assert_eq!(cx.store.purge_expired(100).await.ok(), Some(6));
+    // The completed records go; the abandoned one stays for an operator.
+    assert_eq!(cx.store.purge_expired(100).await.ok(), Some(5));
+    assert_eq!(
+        record(&cx, &in_flight).await.state(cx.now()),
+        RecordState::Abandoned
+    );
 }
 
 /// resolve settles abandoned records only: release forgets the key; a stored result replays

@@ -15,6 +15,9 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 pub struct Timestamp(i64);
 
 impl Timestamp {
+    /// The end of time: the `expires_at` of records that never expire (not yet completed).
+    pub const NEVER: Timestamp = Timestamp(i64::MAX);
+
     /// From milliseconds since the epoch.
     pub const fn from_millis(ms: i64) -> Self {
         Timestamp(ms)

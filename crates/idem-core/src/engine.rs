@@ -199,7 +199,8 @@ impl<S: Store> Engine<S> {
         }
     }
 
-    /// Polls `effect` to completion, extending the lease every third of it meanwhile.
+    /// Polls `effect` to completion while a heartbeat extends the lease every third of it.
+    /// The two run side by side: a slow `extend` (a busy store) never pauses the effect.
     async fn with_heartbeat<T>(
         &self,
         scope: &Scope,
@@ -210,26 +211,22 @@ impl<S: Store> Engine<S> {
     ) -> T {
         let mut effect = pin!(effect);
         let every = (lease / 3).max(Duration::from_millis(10));
-        let mut beating = true;
-        loop {
-            if !beating {
-                return effect.await;
-            }
-            let tick = tokio::time::sleep(every);
-            tokio::select! {
-                biased;
-                out = &mut effect => return out,
-                () = tick => {
-                    match self.store.extend(scope, key, token, lease).await {
-                        Ok(_) => {}
-                        // Someone else holds the key now (a takeover, an operator): its
-                        // result wins; ours will be refused when we try to store it.
-                        Err(e) if e.is_stale() => beating = false,
-                        // The store is down: keep trying; the lease may still be saved.
-                        Err(e) => tracing::warn!(error = %e, key = %key, "heartbeat failed"),
-                    }
+        let heartbeat = async {
+            loop {
+                tokio::time::sleep(every).await;
+                match self.store.extend(scope, key, token, lease).await {
+                    Ok(_) => {}
+                    // Someone else holds the key now (a takeover, an operator): its result
+                    // wins; ours will be refused when we try to store it. Stop beating.
+                    Err(e) if e.is_stale() => return,
+                    // The store is down: keep trying; the lease may still be saved.
+                    Err(e) => tracing::warn!(error = %e, key = %key, "heartbeat failed"),
                 }
             }
+        };
+        tokio::select! {
+            out = &mut effect => out,
+            () = heartbeat => effect.await,
         }
     }
 }
@@ -256,8 +253,10 @@ mod tests {
 
     use super::*;
     use crate::clock::{Clock, ManualClock, Timestamp};
+    use crate::record::Record;
     use crate::record::RecordState;
     use crate::store::memory::MemoryStore;
+    use crate::store::{Claim, ClaimRequest};
 
     fn setup() -> (Engine<MemoryStore>, Arc<ManualClock>) {
         let clock = ManualClock::new(Timestamp::from_millis(1_000_000));
@@ -449,6 +448,87 @@ mod tests {
             sha256: Sha256::digest(&body).into(),
         };
         assert_eq!(rec.and_then(|r| r.response).map(|r| r.body), Some(want));
+    }
+
+    /// A store whose `extend` waits until the effect has made progress: if the heartbeat
+    /// paused the effect while extending, this would never finish.
+    #[derive(Clone)]
+    struct ExtendWaitsForEffect {
+        inner: MemoryStore,
+        extending: Arc<std::sync::atomic::AtomicBool>,
+        progressed: Arc<tokio::sync::Notify>,
+    }
+
+    impl Store for ExtendWaitsForEffect {
+        async fn claim(&self, r: ClaimRequest) -> Result<Claim, StoreError> {
+            self.inner.claim(r).await
+        }
+        async fn complete(
+            &self,
+            s: &Scope,
+            k: &Key,
+            t: FencingToken,
+            r: StoredResponse,
+        ) -> Result<Record, StoreError> {
+            self.inner.complete(s, k, t, r).await
+        }
+        async fn release(&self, s: &Scope, k: &Key, t: FencingToken) -> Result<(), StoreError> {
+            self.inner.release(s, k, t).await
+        }
+        async fn extend(
+            &self,
+            s: &Scope,
+            k: &Key,
+            t: FencingToken,
+            l: Duration,
+        ) -> Result<Timestamp, StoreError> {
+            let progressed = self.progressed.notified();
+            self.extending.store(true, Ordering::SeqCst);
+            progressed.await;
+            self.inner.extend(s, k, t, l).await
+        }
+        async fn get(&self, s: &Scope, k: &Key) -> Result<Option<Record>, StoreError> {
+            self.inner.get(s, k).await
+        }
+        async fn purge_expired(&self, n: usize) -> Result<usize, StoreError> {
+            self.inner.purge_expired(n).await
+        }
+        async fn resolve(
+            &self,
+            s: &Scope,
+            k: &Key,
+            r: crate::store::Resolution,
+        ) -> Result<Option<Record>, StoreError> {
+            self.inner.resolve(s, k, r).await
+        }
+    }
+
+    #[tokio::test]
+    async fn a_slow_heartbeat_never_pauses_the_effect() {
+        let store = ExtendWaitsForEffect {
+            inner: MemoryStore::new(),
+            extending: Arc::default(),
+            progressed: Arc::default(),
+        };
+        let engine = Engine::new(store.clone());
+        let p = Policy {
+            lease: Duration::from_millis(30),
+            ..Policy::default()
+        };
+        let run = engine.run(Scope::anonymous(), k("k"), fp(1), &p, || async {
+            // Work that needs to be polled while an extend is pending, and tells it so.
+            while !store.extending.load(Ordering::SeqCst) {
+                tokio::time::sleep(Duration::from_millis(2)).await;
+            }
+            store.progressed.notify_one();
+            Effect::Done(StoredResponse::new(200, "ok"))
+        });
+        // A deadlock detector, not a speed check: paused, the effect would never finish.
+        let answer = tokio::time::timeout(Duration::from_secs(10), run).await;
+        assert!(
+            matches!(answer, Ok(Ok(Answer::Executed { .. }))),
+            "{answer:?}"
+        );
     }
 
     /// A request whose effect is in progress sees InFlight, and the heartbeat keeps it so past

@@ -35,8 +35,11 @@ impl Fingerprint {
     }
 
     /// Fingerprints an HTTP request. A body whose content type is JSON (`application/json` or
-    /// any `+json`) and that parses as JSON is canonicalised; anything else is hashed raw, so an
-    /// invalid JSON body still gets a stable fingerprint.
+    /// any `+json`) and that is I-JSON (RFC 7493: no duplicate member names, no number JCS
+    /// would round) is canonicalised; anything else is hashed raw. Raw is the safe side: two
+    /// bodies that differ only in a way canonical JSON would erase (`{"id":2^60+1}` and
+    /// `{"id":2^60+2}`, or a duplicate member one parser reads first and another last) must
+    /// not fingerprint alike, or one would be replayed the other's result.
     pub fn http(
         method: &str,
         path_and_query: &str,
@@ -59,10 +62,17 @@ impl Fingerprint {
     }
 
     /// Fingerprints a call that is not HTTP (an MCP tool call): a name and JSON arguments.
+    /// Integers beyond 2^53, which JCS would round, are added exactly, so they still count.
     pub fn json_call(name: &str, args: &serde_json::Value) -> Self {
+        let mut exact = Vec::new();
+        unsafe_numbers(args, &mut exact);
         Self::of_parts(
             BodyForm::CanonicalJson,
-            &[name.as_bytes(), &canonical_json(args)],
+            &[
+                name.as_bytes(),
+                &canonical_json(args),
+                exact.join(",").as_bytes(),
+            ],
         )
     }
 
@@ -87,10 +97,90 @@ pub fn canonical_json(value: &serde_json::Value) -> Vec<u8> {
     serde_json_canonicalizer::to_vec(value).unwrap_or_default()
 }
 
-/// RFC 8785 canonical form of JSON text, or `None` when it does not parse.
+/// RFC 8785 canonical form of JSON text, or `None` when it does not parse or is not I-JSON
+/// (a duplicate member name, or a number of magnitude 2^53 or more).
 pub fn canonical_json_bytes(text: &[u8]) -> Option<Vec<u8>> {
+    let _: IJson = serde_json::from_slice(text).ok()?;
     let value: serde_json::Value = serde_json::from_slice(text).ok()?;
     Some(canonical_json(&value))
+}
+
+/// 2^53: from here on, not every integer is a distinct IEEE double.
+const EXACT_LIMIT: f64 = 9_007_199_254_740_992.0;
+
+/// Collects, in a fixed order, the numbers that JCS cannot carry exactly.
+fn unsafe_numbers(v: &serde_json::Value, out: &mut Vec<String>) {
+    match v {
+        serde_json::Value::Number(n) if n.as_f64().is_none_or(|f| f.abs() >= EXACT_LIMIT) => {
+            out.push(n.to_string());
+        }
+        serde_json::Value::Array(items) => items.iter().for_each(|i| unsafe_numbers(i, out)),
+        serde_json::Value::Object(map) => {
+            let mut keys: Vec<&String> = map.keys().collect();
+            keys.sort();
+            for k in keys {
+                if let Some(v) = map.get(k) {
+                    unsafe_numbers(v, out);
+                }
+            }
+        }
+        _ => {}
+    }
+}
+
+/// Parses only to check that JSON text is I-JSON; holds nothing.
+struct IJson;
+
+impl<'de> serde::Deserialize<'de> for IJson {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        d.deserialize_any(IJsonVisitor)
+    }
+}
+
+struct IJsonVisitor;
+
+impl<'de> serde::de::Visitor<'de> for IJsonVisitor {
+    type Value = IJson;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("I-JSON")
+    }
+    fn visit_bool<E>(self, _: bool) -> Result<IJson, E> {
+        Ok(IJson)
+    }
+    fn visit_unit<E>(self) -> Result<IJson, E> {
+        Ok(IJson)
+    }
+    fn visit_str<E>(self, _: &str) -> Result<IJson, E> {
+        Ok(IJson)
+    }
+    fn visit_i64<E: serde::de::Error>(self, v: i64) -> Result<IJson, E> {
+        self.visit_f64(v as f64)
+    }
+    fn visit_u64<E: serde::de::Error>(self, v: u64) -> Result<IJson, E> {
+        self.visit_f64(v as f64)
+    }
+    fn visit_f64<E: serde::de::Error>(self, v: f64) -> Result<IJson, E> {
+        if v.abs() >= EXACT_LIMIT {
+            Err(E::custom("number beyond 2^53"))
+        } else {
+            Ok(IJson)
+        }
+    }
+    fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<IJson, A::Error> {
+        while seq.next_element::<IJson>()?.is_some() {}
+        Ok(IJson)
+    }
+    fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<IJson, A::Error> {
+        let mut seen = std::collections::HashSet::new();
+        while let Some(name) = map.next_key::<String>()? {
+            if !seen.insert(name) {
+                return Err(serde::de::Error::custom("duplicate member name"));
+            }
+            map.next_value::<IJson>()?;
+        }
+        Ok(IJson)
+    }
 }
 
 /// `application/json`, `application/x+json`, with or without parameters, in any case.
@@ -221,6 +311,50 @@ mod tests {
             String::from_utf8_lossy(&canonical_json(&cases[0])),
             "{\"\\r\":\"Carriage Return\",\"1\":\"One\",\"\u{80}\":\"Control\",\"\u{f6}\":\"Latin Small Letter O With Diaeresis\",\"\u{20ac}\":\"Euro Sign\",\"\u{1f600}\":\"Emoji: Grinning Face\",\"\u{fb33}\":\"Hebrew Letter Dalet With Dagesh\"}"
         );
+    }
+
+    #[test]
+    fn what_canonical_json_would_erase_is_hashed_raw() {
+        let big = |n: &str| {
+            Fingerprint::http(
+                "POST",
+                "/orders",
+                JSON,
+                format!(r#"{{"order_id":{n}}}"#).as_bytes(),
+            )
+        };
+        assert_ne!(big("1850026147163422721"), big("1850026147163422722"));
+        assert_ne!(
+            big("1e300"),
+            big("1.0e300"),
+            "large numbers are compared as written"
+        );
+        assert_eq!(
+            big("9007199254740991"),
+            big("9007199254740991.0"),
+            "below 2^53 JCS is exact"
+        );
+        let dup = Fingerprint::http("POST", "/c", JSON, br#"{"amount":1,"amount":1000}"#);
+        assert_ne!(
+            dup,
+            Fingerprint::http("POST", "/c", JSON, br#"{"amount":1000}"#)
+        );
+        assert_ne!(
+            dup,
+            Fingerprint::http("POST", "/c", JSON, br#"{"amount":1}"#)
+        );
+        let nested = |t: &[u8]| Fingerprint::http("POST", "/c", JSON, t);
+        assert_ne!(
+            nested(br#"{"a":[{"b":1,"b":2}]}"#),
+            nested(br#"{"a":[{"b":2}]}"#)
+        );
+        // JSON calls keep big integers exact too.
+        let call = |n: u64| Fingerprint::json_call("t", &json!({"id": n}));
+        assert_ne!(
+            call(1_850_026_147_163_422_721),
+            call(1_850_026_147_163_422_722)
+        );
+        assert_eq!(call(42), call(42));
     }
 
     #[test]

@@ -3,7 +3,7 @@
 //! - [`key`]: the idempotency key and its header form (DESIGN §1).
 //! - [`scope`]: whose keys these are.
 //! - [`fingerprint`]: what makes a repeated key the same request.
-//! - [`record`]: what a store keeps for one key.
+//! - [`record`]: what a store keeps for one key; [`report`]: its story as JSON.
 //! - [`machine`]: the record's state machine (DESIGN §2, §3), as pure functions.
 //! - [`store`]: the `Store` contract every backend implements, and the in-memory backend.
 //! - [`engine`]: run a side effect at most once per key, over any store.
@@ -18,6 +18,7 @@ pub mod fingerprint;
 pub mod key;
 pub mod machine;
 pub mod record;
+pub mod report;
 pub mod scope;
 pub mod store;
 

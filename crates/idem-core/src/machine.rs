@@ -14,6 +14,11 @@
 //!                                | lease ends without complete
 //!                                +--> abandoned --(resolve / takeover under Retry)-->
 //! ```
+//!
+//! Retention counts from completion (DESIGN §2). A record that is not completed, in flight or
+//! abandoned, never expires: an unknown outcome stays visible until an operator resolves it
+//! or, under the `retry` policy, a retry takes it over (DESIGN §5). Letting it expire would
+//! turn "unknown" into "absent" and re-execute under `reject`.
 
 use std::time::Duration;
 
@@ -61,7 +66,7 @@ pub fn claim(
             lease_expires_at,
             completed_at: None,
             completed_by: None,
-            expires_at: lease_expires_at.saturating_add(req.retention),
+            expires_at: Timestamp::NEVER,
             retention: req.retention,
             attempts: 1,
             replays: 0,
@@ -92,7 +97,6 @@ pub fn claim(
                 taken.acquired_at = now;
                 taken.lease_expires_at = now.saturating_add(req.lease);
                 taken.retention = req.retention;
-                taken.expires_at = taken.lease_expires_at.saturating_add(req.retention);
                 taken.attempts = taken.attempts.saturating_add(1);
                 let lease = Lease {
                     token,
@@ -161,7 +165,6 @@ pub fn extend(
 ) -> Result<Record, StoreError> {
     let mut rec = fenced(existing, token, now)?.clone();
     rec.lease_expires_at = now.saturating_add(lease);
-    rec.expires_at = rec.lease_expires_at.saturating_add(rec.retention);
     Ok(rec)
 }
 

@@ -122,9 +122,10 @@ pub struct Record {
     pub completed_at: Option<Timestamp>,
     /// Who stored it.
     pub completed_by: Option<CompletedBy>,
-    /// When retention ends and the record reads as absent.
+    /// When retention ends and the record reads as absent; [`Timestamp::NEVER`] until
+    /// completed, so an unknown outcome is never forgotten silently.
     pub expires_at: Timestamp,
-    /// Retention asked for at claim time; counts from completion (or from the lease's end).
+    /// Retention asked for at claim time; counts from completion.
     pub retention: Duration,
     /// How many times an executor acquired the lease (1, plus takeovers of abandoned records).
     pub attempts: u32,

@@ -28,4 +28,4 @@ mod store;
 mod writer;
 
 pub use schema::SCHEMA_VERSION;
-pub use store::{SqliteOptions, SqliteStore};
+pub use store::{SqliteOptions, SqliteStore, WriterStats};

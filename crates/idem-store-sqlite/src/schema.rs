@@ -32,7 +32,7 @@ CREATE TABLE idem_records (
 CREATE INDEX idem_records_by_expiry ON idem_records (expires_at);
 ";
 
-pub(crate) fn unavailable(path: &Path, what: &str, e: rusqlite::Error) -> StoreError {
+pub(crate) fn unavailable(path: &Path, what: &str, e: impl std::fmt::Display) -> StoreError {
     StoreError::Unavailable(format!("sqlite {}: {what}: {e}", path.display()).into())
 }
 

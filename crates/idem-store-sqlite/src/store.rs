@@ -2,6 +2,7 @@
 
 use std::fmt;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::Ordering;
 use std::sync::mpsc::{self, Sender};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
@@ -15,8 +16,20 @@ use tokio::sync::oneshot;
 
 use crate::checkpoint::Checkpointer;
 use crate::readers::{Patience, Readers, WouldWait};
-use crate::writer::{Cmd, Done, Job, Writer};
+use crate::writer::{Cmd, Done, Job, Stats, Writer};
 use crate::{row, schema};
+
+/// Counters of the writer thread.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct WriterStats {
+    /// Transactions begun (committed or not).
+    pub transactions: u64,
+    /// Claims committed.
+    pub claims_committed: u64,
+    /// Of those, claims committed while the connection was in `synchronous=FULL` (read back
+    /// from SQLite at each commit): must equal `claims_committed`.
+    pub claims_fsynced: u64,
+}
 
 /// How to open a [`SqliteStore`].
 #[derive(Debug, Clone)]
@@ -48,6 +61,7 @@ struct Inner {
     readers: Readers,
     tx: Mutex<Option<Sender<Job>>>,
     writer: Mutex<Option<JoinHandle<()>>>,
+    stats: Arc<Stats>,
     /// Dropping it stops the checkpointer.
     checkpointer: Mutex<Option<Checkpointer>>,
 }
@@ -89,7 +103,8 @@ impl SqliteStore {
         let mut conn = schema::connect(&path, options.busy_timeout)?;
         schema::prepare_writer(&mut conn, &path)?;
         let (tx, rx) = mpsc::channel();
-        let writer = Writer::new(conn, path.clone(), options.clock.clone());
+        let stats = Arc::new(Stats::default());
+        let writer = Writer::new(conn, path.clone(), options.clock.clone(), stats.clone());
         let handle = std::thread::Builder::new()
             .name("idem-sqlite-writer".into())
             .spawn(move || writer.run(rx))
@@ -103,8 +118,19 @@ impl SqliteStore {
                 tx: Mutex::new(Some(tx)),
                 writer: Mutex::new(Some(handle)),
                 checkpointer: Mutex::new(Some(checkpointer)),
+                stats,
             }),
         })
+    }
+
+    /// Counters of this process's writer since the store was opened.
+    pub fn writer_stats(&self) -> WriterStats {
+        let s = &self.inner.stats;
+        WriterStats {
+            transactions: s.transactions.load(Ordering::Relaxed),
+            claims_committed: s.claims_committed.load(Ordering::Relaxed),
+            claims_fsynced: s.claims_fsynced.load(Ordering::Relaxed),
+        }
     }
 
     /// The file this store writes.

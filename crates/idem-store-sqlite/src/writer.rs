@@ -12,6 +12,7 @@
 
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{Receiver, TryRecvError};
 use std::time::Duration;
 
@@ -80,12 +81,18 @@ impl Cmd {
 
 impl Writer {
     /// A writer over a connection prepared by [`crate::schema::prepare_writer`].
-    pub(crate) fn new(conn: Connection, path: PathBuf, clock: Arc<dyn Clock>) -> Self {
+    pub(crate) fn new(
+        conn: Connection,
+        path: PathBuf,
+        clock: Arc<dyn Clock>,
+        stats: Arc<Stats>,
+    ) -> Self {
         Writer {
             conn,
             path,
             clock,
             sync: None,
+            stats,
         }
     }
 }
@@ -117,6 +124,15 @@ pub(crate) struct Writer {
     clock: Arc<dyn Clock>,
     /// The `synchronous` mode the connection is in, if known.
     sync: Option<Sync>,
+    stats: Arc<Stats>,
+}
+
+/// What the writer has done, for tests and operators: see [`crate::SqliteStore::writer_stats`].
+#[derive(Debug, Default)]
+pub(crate) struct Stats {
+    pub(crate) transactions: AtomicU64,
+    pub(crate) claims_committed: AtomicU64,
+    pub(crate) claims_fsynced: AtomicU64,
 }
 
 /// How a transaction is committed.
@@ -185,7 +201,15 @@ impl Writer {
         // cannot be set, the whole batch fails, closed.
         let outcomes = match self.set_sync(sync).and_then(|()| self.transact(&cmds)) {
             Ok(outcomes) => outcomes,
-            Err(e) if cmds.len() == 1 => vec![Err(self.unavailable(e))],
+            // Retrying one by one helps only when one command broke the batch; when the file
+            // is locked, full or failing, every retry would fail the same way, each after its
+            // own busy timeout, so the whole batch fails at once.
+            Err(e) if cmds.len() == 1 || !caused_by_one_command(&e) => {
+                let failed = self.unavailable_ref(&e);
+                cmds.iter()
+                    .map(|_| Err(clone_unavailable(&failed)))
+                    .collect()
+            }
             Err(_) => cmds
                 .iter()
                 .map(|cmd| {
@@ -194,7 +218,7 @@ impl Writer {
                         .and_then(|()| self.transact(std::slice::from_ref(cmd)))
                     {
                         Ok(mut one) => one.pop().unwrap_or_else(|| Err(self.internal())),
-                        Err(e) => Err(self.unavailable(e)),
+                        Err(e) => Err(self.unavailable_ref(&e)),
                     }
                 })
                 .collect(),
@@ -223,19 +247,36 @@ impl Writer {
 
     /// Applies `cmds` in one transaction. `Err` means the transaction was rolled back.
     fn transact(&mut self, cmds: &[Cmd]) -> rusqlite::Result<Vec<Result<Done, StoreError>>> {
-        let now = self.clock.now();
+        self.stats.transactions.fetch_add(1, Ordering::Relaxed);
+        // What the connection will really do at commit, read back rather than assumed.
+        let synchronous: i64 = self
+            .conn
+            .pragma_query_value(None, "synchronous", |r| r.get(0))?;
         let tx = self
             .conn
             .transaction_with_behavior(TransactionBehavior::Immediate)?;
+        // The time is read once the lock is held: BEGIN IMMEDIATE may have waited for another
+        // process, and a lease granted from a time read before the wait could already be over.
+        let now = self.clock.now();
         let mut outcomes = Vec::with_capacity(cmds.len());
         for cmd in cmds {
             outcomes.push(apply(&tx, cmd, now)?);
         }
         tx.commit()?;
+        let claims = cmds.iter().filter(|c| matches!(c, Cmd::Claim(_))).count() as u64;
+        self.stats
+            .claims_committed
+            .fetch_add(claims, Ordering::Relaxed);
+        // 2 is FULL, 3 is EXTRA: the WAL was fsynced before commit returned.
+        if synchronous >= 2 {
+            self.stats
+                .claims_fsynced
+                .fetch_add(claims, Ordering::Relaxed);
+        }
         Ok(outcomes)
     }
 
-    fn unavailable(&self, e: rusqlite::Error) -> StoreError {
+    fn unavailable_ref(&self, e: &rusqlite::Error) -> StoreError {
         crate::schema::unavailable(&self.path, "write", e)
     }
 
@@ -245,6 +286,33 @@ impl Writer {
             self.path.display()
         ))
     }
+}
+
+/// Whether a failed transaction may have failed because of one of its commands (a value too
+/// big, a row of the wrong type) rather than because of the file or the disk.
+fn caused_by_one_command(e: &rusqlite::Error) -> bool {
+    use rusqlite::ErrorCode;
+    match e {
+        rusqlite::Error::SqliteFailure(f, _) => matches!(
+            f.code,
+            ErrorCode::TooBig | ErrorCode::ConstraintViolation | ErrorCode::TypeMismatch
+        ),
+        rusqlite::Error::FromSqlConversionFailure(..)
+        | rusqlite::Error::IntegralValueOutOfRange(..)
+        | rusqlite::Error::InvalidColumnType(..)
+        | rusqlite::Error::ToSqlConversionFailure(_) => true,
+        _ => false,
+    }
+}
+
+/// Every command of a failed batch gets the same error.
+fn clone_unavailable(e: &StoreError) -> StoreError {
+    StoreError::Unavailable(
+        e.to_string()
+            .trim_start_matches("store unavailable: ")
+            .to_owned()
+            .into(),
+    )
 }
 
 /// Reads the row, decides with [`machine`], writes what it says.

@@ -18,7 +18,7 @@ pub(crate) async fn run(args: InspectArgs) -> Result<()> {
     if args.json {
         println!(
             "{}",
-            serde_json::to_string_pretty(&crate::render::json(&record, now))?
+            serde_json::to_string_pretty(&idem_core::report::to_json(&record, now))?
         );
     } else {
         print!("{}", crate::render::text(&record, now));

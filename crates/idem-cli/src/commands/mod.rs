@@ -3,3 +3,4 @@
 pub(crate) mod gc;
 pub(crate) mod inspect;
 pub(crate) mod resolve;
+pub(crate) mod serve;

@@ -1,0 +1,416 @@
+//! The gateway's configuration: one TOML file, with command-line flags and `IDEM_*`
+//! environment variables on top (flags win over the environment, which wins over the file).
+//!
+//! ```toml
+//! listen = "127.0.0.1:8080"
+//! upstream = "http://127.0.0.1:3000"
+//! store = "sqlite:idem.db"
+//! scope_headers = ["authorization"]
+//!
+//! [limits]
+//! max_body_bytes = 1048576          # request bodies are buffered to fingerprint them
+//! max_stored_body_bytes = 1048576   # larger responses are kept as a digest
+//!
+//! [timeouts]
+//! upstream = "30s"                  # sent but no answer by then: 504, outcome unknown
+//! shutdown = "10s"                  # SIGTERM: how long in-flight requests may finish
+//! lease = "30s"
+//!
+//! [admin]
+//! listen = "127.0.0.1:9090"
+//! token_env = "IDEM_ADMIN_TOKEN"    # bearer token, read from this variable
+//! purge_interval = "60s"
+//! purge_batch = 1000
+//!
+//! [[routes]]
+//! method = "POST"
+//! path = "/v1/charges"
+//! require_key = true
+//! retention = "24h"
+//! wait = "5s"
+//! on_abandoned = "reject"           # or "retry"
+//! release_statuses = [429, 503]
+//! ```
+
+use std::net::SocketAddr;
+use std::path::Path;
+use std::time::Duration;
+
+use anyhow::{Context, Result, bail};
+use http::{HeaderName, Method, Uri};
+use idem_core::{AbandonedPolicy, DEFAULT_RETENTION, Policy};
+use idem_http::policy::DEFAULT_MAX_BODY;
+use idem_http::{PathPattern, RoutePolicy, Routes};
+use serde::Deserialize;
+
+/// The file, as written. Every field is optional; [`Settings`] holds the validated result.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FileConfig {
+    /// Address to serve on.
+    pub listen: Option<SocketAddr>,
+    /// Base URL of the service behind the gateway.
+    pub upstream: Option<String>,
+    /// Store URL.
+    pub store: Option<String>,
+    /// Headers naming the caller.
+    pub scope_headers: Option<Vec<String>>,
+    /// Base of problem type URIs.
+    pub problem_base: Option<String>,
+    /// Size bounds.
+    #[serde(default)]
+    pub limits: Limits,
+    /// Time bounds.
+    #[serde(default)]
+    pub timeouts: Timeouts,
+    /// The admin listener.
+    #[serde(default)]
+    pub admin: AdminFile,
+    /// The policy of requests no route matches.
+    #[serde(default)]
+    pub defaults: RouteFile,
+    /// Per-route policies, first match wins.
+    #[serde(default)]
+    pub routes: Vec<RouteFile>,
+}
+
+/// `[limits]`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Limits {
+    /// Request body bound.
+    pub max_body_bytes: Option<usize>,
+    /// Stored response body bound.
+    pub max_stored_body_bytes: Option<usize>,
+}
+
+/// `[timeouts]`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Timeouts {
+    /// Until the upstream's response headers arrive.
+    #[serde(default, with = "humantime_serde")]
+    pub upstream: Option<Duration>,
+    /// How long shutdown waits for in-flight requests.
+    #[serde(default, with = "humantime_serde")]
+    pub shutdown: Option<Duration>,
+    /// Lease of a claim (extended while the upstream works).
+    #[serde(default, with = "humantime_serde")]
+    pub lease: Option<Duration>,
+}
+
+/// `[admin]`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AdminFile {
+    /// Address of the admin listener.
+    pub listen: Option<SocketAddr>,
+    /// Environment variable holding the bearer token.
+    pub token_env: Option<String>,
+    /// Time between background purges.
+    #[serde(default, with = "humantime_serde")]
+    pub purge_interval: Option<Duration>,
+    /// Records deleted per purge transaction.
+    pub purge_batch: Option<usize>,
+}
+
+/// A `[[routes]]` entry, or `[defaults]`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RouteFile {
+    /// HTTP method; absent or `"*"` for any.
+    pub method: Option<String>,
+    /// Path pattern (not for `[defaults]`).
+    pub path: Option<String>,
+    /// Refuse requests without a key.
+    pub require_key: Option<bool>,
+    /// Retention of completed records.
+    #[serde(default, with = "humantime_serde")]
+    pub retention: Option<Duration>,
+    /// How long a duplicate waits for an in-flight first request.
+    #[serde(default, with = "humantime_serde")]
+    pub wait: Option<Duration>,
+    /// `reject` or `retry`.
+    pub on_abandoned: Option<String>,
+    /// Statuses that release the key.
+    pub release_statuses: Option<Vec<u16>>,
+    /// Request body bound for this route.
+    pub max_body_bytes: Option<usize>,
+}
+
+/// Flags and environment variables, already parsed by the CLI; `None` means "not given".
+#[derive(Debug, Default, Clone)]
+pub struct Overrides {
+    /// `--listen` / `IDEM_LISTEN`.
+    pub listen: Option<SocketAddr>,
+    /// `--upstream` / `IDEM_UPSTREAM`.
+    pub upstream: Option<String>,
+    /// `--store` / `IDEM_STORE`.
+    pub store: Option<String>,
+    /// `--admin-listen` / `IDEM_ADMIN_LISTEN`.
+    pub admin_listen: Option<SocketAddr>,
+}
+
+/// The validated configuration.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    /// Address to serve on.
+    pub listen: SocketAddr,
+    /// Base URI of the upstream (`http://host:port`, optionally with a path prefix).
+    pub upstream: Uri,
+    /// Store URL (opened by the caller, which knows the backends).
+    pub store: String,
+    /// The layer's configuration.
+    pub layer: idem_http::Config,
+    /// Until the upstream's response headers arrive.
+    pub upstream_timeout: Duration,
+    /// How long shutdown waits for in-flight requests.
+    pub shutdown_timeout: Duration,
+    /// Admin listener address.
+    pub admin_listen: SocketAddr,
+    /// Bearer token for the admin listener, if any.
+    pub admin_token: Option<String>,
+    /// Time between background purges.
+    pub purge_interval: Duration,
+    /// Records deleted per purge transaction.
+    pub purge_batch: usize,
+}
+
+/// The default store of the gateway.
+pub const DEFAULT_STORE: &str = "sqlite:idem.db";
+
+impl FileConfig {
+    /// Reads and parses a file; errors name the file and the offending line.
+    pub fn load(path: &Path) -> Result<Self> {
+        let text = std::fs::read_to_string(path)
+            .with_context(|| format!("cannot read config file {}", path.display()))?;
+        toml::from_str(&text).with_context(|| format!("config file {} is invalid", path.display()))
+    }
+}
+
+fn route_policy(r: &RouteFile, base: &RoutePolicy, where_: &str) -> Result<RoutePolicy> {
+    let on_abandoned = match r.on_abandoned.as_deref() {
+        None => base.engine.on_abandoned,
+        Some("reject") => AbandonedPolicy::Reject,
+        Some("retry") => AbandonedPolicy::Retry,
+        Some(other) => {
+            bail!("{where_}: on_abandoned must be \"reject\" or \"retry\", not {other:?}")
+        }
+    };
+    if let Some(bad) = r
+        .release_statuses
+        .iter()
+        .flatten()
+        .find(|s| !(100..=599).contains(*s))
+    {
+        bail!("{where_}: release_statuses has {bad}, which is not an HTTP status");
+    }
+    Ok(RoutePolicy {
+        require_key: r.require_key.unwrap_or(base.require_key),
+        engine: Policy {
+            retention: r.retention.unwrap_or(base.engine.retention),
+            on_abandoned,
+            release_statuses: r
+                .release_statuses
+                .clone()
+                .unwrap_or_else(|| base.engine.release_statuses.clone()),
+            ..base.engine.clone()
+        },
+        wait: r.wait.or(base.wait),
+        max_body: r.max_body_bytes.unwrap_or(base.max_body),
+    })
+}
+
+impl Settings {
+    /// Merges the file and the overrides, and validates the result.
+    pub fn resolve(file: FileConfig, over: Overrides) -> Result<Self> {
+        let upstream_text = over
+            .upstream
+            .or(file.upstream)
+            .context("no upstream: pass --upstream URL (or IDEM_UPSTREAM, or upstream = \"...\" in the config file)")?;
+        let upstream: Uri = upstream_text
+            .parse()
+            .with_context(|| format!("upstream {upstream_text:?} is not a URL"))?;
+        match (upstream.scheme_str(), upstream.authority()) {
+            (Some("http"), Some(_)) => {}
+            (Some("https"), _) => bail!(
+                "upstream {upstream_text:?}: https upstreams are not supported; run the gateway next to the service and use http"
+            ),
+            _ => bail!("upstream {upstream_text:?} must look like http://host:port"),
+        }
+        let lease = file.timeouts.lease.unwrap_or(Duration::from_secs(30));
+        if lease < Duration::from_millis(100) {
+            bail!("timeouts.lease must be at least 100ms");
+        }
+        let base = RoutePolicy {
+            require_key: false,
+            engine: Policy {
+                lease,
+                retention: DEFAULT_RETENTION,
+                max_stored_body: file.limits.max_stored_body_bytes.unwrap_or(1024 * 1024),
+                ..Policy::default()
+            },
+            wait: None,
+            max_body: file.limits.max_body_bytes.unwrap_or(DEFAULT_MAX_BODY),
+        };
+        if file.defaults.path.is_some() || file.defaults.method.is_some() {
+            bail!("[defaults] applies to requests no route matches; it takes no method or path");
+        }
+        let default = route_policy(&file.defaults, &base, "[defaults]")?;
+        let mut routes = Routes::new(default.clone());
+        for (i, r) in file.routes.iter().enumerate() {
+            let where_ = format!("routes[{i}]");
+            let path = r
+                .path
+                .as_deref()
+                .with_context(|| format!("{where_}: path is required"))?;
+            let pattern = PathPattern::new(path).with_context(|| where_.clone())?;
+            let method = match r.method.as_deref() {
+                None | Some("*") => None,
+                Some(m) => Some(
+                    Method::from_bytes(m.to_ascii_uppercase().as_bytes())
+                        .with_context(|| format!("{where_}: method {m:?} is not an HTTP method"))?,
+                ),
+            };
+            // A route that requires keys rejects unknown outcomes unless told otherwise (§5).
+            let route_base = RoutePolicy {
+                require_key: true,
+                ..default.clone()
+            };
+            routes = routes.route(method, pattern, route_policy(r, &route_base, &where_)?);
+        }
+        let scope_headers = file
+            .scope_headers
+            .unwrap_or_else(|| vec!["authorization".to_owned()])
+            .iter()
+            .map(|h| {
+                HeaderName::from_bytes(h.as_bytes())
+                    .with_context(|| format!("scope_headers: {h:?} is not a header name"))
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let admin_token = match &file.admin.token_env {
+            Some(var) => Some(
+                std::env::var(var)
+                    .with_context(|| format!("admin.token_env names {var}, which is not set"))?,
+            ),
+            None => None,
+        };
+        let loopback: SocketAddr = ([127, 0, 0, 1], 9090).into();
+        Ok(Settings {
+            listen: over
+                .listen
+                .or(file.listen)
+                .unwrap_or(([127, 0, 0, 1], 8080).into()),
+            upstream,
+            store: over
+                .store
+                .or(file.store)
+                .unwrap_or_else(|| DEFAULT_STORE.to_owned()),
+            layer: idem_http::Config {
+                routes,
+                scope_headers,
+                problem_base: file
+                    .problem_base
+                    .unwrap_or_else(|| idem_http::DEFAULT_PROBLEM_BASE.to_owned()),
+                ..idem_http::Config::default()
+            },
+            upstream_timeout: file.timeouts.upstream.unwrap_or(Duration::from_secs(30)),
+            shutdown_timeout: file.timeouts.shutdown.unwrap_or(Duration::from_secs(10)),
+            admin_listen: over.admin_listen.or(file.admin.listen).unwrap_or(loopback),
+            admin_token,
+            purge_interval: file.admin.purge_interval.unwrap_or(Duration::from_secs(60)),
+            purge_batch: file.admin.purge_batch.unwrap_or(1000).max(1),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(text: &str) -> Result<Settings> {
+        let file: FileConfig = toml::from_str(text)?;
+        Settings::resolve(file, Overrides::default())
+    }
+
+    #[test]
+    fn a_full_file_resolves() {
+        let s = parse(
+            r#"
+            upstream = "http://127.0.0.1:3000"
+            scope_headers = ["authorization", "x-tenant"]
+            [timeouts]
+            upstream = "2s"
+            lease = "10s"
+            [[routes]]
+            method = "post"
+            path = "/v1/charges"
+            retention = "1h"
+            wait = "5s"
+            on_abandoned = "retry"
+            release_statuses = [429]
+            "#,
+        )
+        .unwrap_or_else(|e| panic!("{e:#}"));
+        assert_eq!(s.upstream_timeout, Duration::from_secs(2));
+        assert_eq!(s.layer.scope_headers.len(), 2);
+        let p = s.layer.routes.policy_for(&Method::POST, "/v1/charges");
+        assert!(p.require_key);
+        assert_eq!(p.engine.retention, Duration::from_secs(3600));
+        assert_eq!(p.engine.lease, Duration::from_secs(10));
+        assert_eq!(p.engine.on_abandoned, AbandonedPolicy::Retry);
+        assert_eq!(p.engine.release_statuses, vec![429]);
+        assert_eq!(p.wait, Some(Duration::from_secs(5)));
+        assert!(
+            !s.layer
+                .routes
+                .policy_for(&Method::POST, "/other")
+                .require_key
+        );
+        assert_eq!(s.store, DEFAULT_STORE);
+    }
+
+    #[test]
+    fn mistakes_are_named() {
+        let err = |t: &str| parse(t).err().map(|e| format!("{e:#}")).unwrap_or_default();
+        assert!(err("").contains("no upstream"));
+        assert!(err("upstream = \"ftp://x\"").contains("must look like http://host:port"));
+        assert!(err("upstream = \"http://x:1\"\nbogus = 1").contains("unknown field"));
+        assert!(
+            err("upstream = \"http://x:1\"\n[[routes]]\nmethod = \"POST\"")
+                .contains("path is required")
+        );
+        assert!(
+            err("upstream = \"http://x:1\"\n[[routes]]\npath = \"v1\"")
+                .contains("must start with /")
+        );
+        assert!(
+            err("upstream = \"http://x:1\"\n[[routes]]\npath = \"/a\"\non_abandoned = \"maybe\"")
+                .contains("\"reject\" or \"retry\"")
+        );
+        assert!(
+            err("upstream = \"http://x:1\"\n[[routes]]\npath = \"/a\"\nrelease_statuses = [42]")
+                .contains("not an HTTP status")
+        );
+        assert!(
+            err("upstream = \"http://x:1\"\n[timeouts]\nupstream = \"soon\"").contains("invalid")
+        );
+    }
+
+    #[test]
+    fn overrides_win() {
+        let file: FileConfig =
+            toml::from_str("upstream = \"http://127.0.0.1:1\"\nstore = \"memory:\"")
+                .unwrap_or_else(|e| panic!("{e}"));
+        let s = Settings::resolve(
+            file,
+            Overrides {
+                upstream: Some("http://127.0.0.1:2".into()),
+                ..Overrides::default()
+            },
+        )
+        .unwrap_or_else(|e| panic!("{e:#}"));
+        assert_eq!(s.upstream.port_u16(), Some(2));
+        assert_eq!(s.store, "memory:");
+    }
+}

@@ -1,0 +1,19 @@
+//! `idem serve`: a reverse proxy that puts idem in front of a service written in any language.
+//!
+//! Requests go through [`idem_http::IdempotencyLayer`] to a [`proxy::Proxy`] that forwards them
+//! upstream with a pooled hyper client. The proxy tells the layer when a request surely never
+//! reached the upstream (connection refused: the key is released, 502) and when it was sent
+//! but no answer came (timeout or reset: the record becomes abandoned, 504/502), per DESIGN §4.
+//!
+//! - [`config`]: the TOML file, flags and environment, validated into [`config::Settings`].
+//! - [`proxy`]: forwarding upstream.
+//! - [`admin`]: `/healthz`, `/metrics`, `/keys/{key}`.
+//! - [`server`]: listeners, background purge, graceful shutdown.
+
+pub mod admin;
+pub mod config;
+pub mod proxy;
+pub mod server;
+
+pub use config::{FileConfig, Overrides, Settings};
+pub use server::{Bound, serve};

@@ -1,0 +1,241 @@
+//! Forwarding to the upstream: a pooled hyper client, RFC 9110 proxy hygiene, and the line
+//! between "never sent" and "sent, no answer" that decides whether a key is released (§4).
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+use http::{Request, Response, StatusCode, Uri};
+use http_body_util::BodyExt;
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::TokioExecutor;
+use idem_http::{Body, Executed};
+use tower::Service;
+
+/// The client's address, put into request extensions by the server.
+#[derive(Debug, Clone, Copy)]
+pub struct ClientAddr(pub SocketAddr);
+
+/// A service that forwards requests to one upstream.
+#[derive(Debug, Clone)]
+pub struct Proxy {
+    client: Client<HttpConnector, Body>,
+    upstream: Uri,
+    timeout: Duration,
+    problem_base: String,
+}
+
+/// Hop-by-hop headers (RFC 9110 §7.6.1), never forwarded in either direction.
+const HOP_BY_HOP: [&str; 8] = [
+    "connection",
+    "keep-alive",
+    "proxy-connection",
+    "proxy-authenticate",
+    "proxy-authorization",
+    "te",
+    "trailer",
+    "upgrade",
+];
+
+/// Removes hop-by-hop headers, including those the `Connection` header names.
+/// (`transfer-encoding` is left to hyper, which frames each side itself.)
+fn strip_hop_by_hop(headers: &mut HeaderMap) {
+    let named: Vec<HeaderName> = headers
+        .get_all(header::CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .filter_map(|name| HeaderName::from_bytes(name.trim().as_bytes()).ok())
+        .collect();
+    for name in named {
+        headers.remove(name);
+    }
+    for name in HOP_BY_HOP {
+        headers.remove(name);
+    }
+}
+
+impl Proxy {
+    /// A proxy to `upstream` (scheme, authority and optional path prefix).
+    pub fn new(upstream: Uri, timeout: Duration, problem_base: String) -> Self {
+        let mut connector = HttpConnector::new();
+        connector.set_nodelay(true);
+        connector.set_connect_timeout(Some(timeout.min(Duration::from_secs(5))));
+        let client = Client::builder(TokioExecutor::new())
+            .pool_idle_timeout(Duration::from_secs(60))
+            .pool_max_idle_per_host(256)
+            .build(connector);
+        Proxy {
+            client,
+            upstream,
+            timeout,
+            problem_base,
+        }
+    }
+
+    fn target(&self, uri: &Uri) -> Result<Uri, http::Error> {
+        let prefix = self.upstream.path().trim_end_matches('/');
+        let pq = uri.path_and_query().map_or("/", |pq| pq.as_str());
+        let mut parts = self.upstream.clone().into_parts();
+        parts.path_and_query = Some(format!("{prefix}{pq}").parse()?);
+        Ok(Uri::from_parts(parts)?)
+    }
+
+    fn failure(
+        &self,
+        status: StatusCode,
+        name: &str,
+        detail: &str,
+        executed: Executed,
+    ) -> Response<Body> {
+        let doc = serde_json::json!({
+            "type": format!("{}{name}", self.problem_base),
+            "title": if status == StatusCode::GATEWAY_TIMEOUT { "Upstream did not answer in time" } else { "Upstream unreachable" },
+            "status": status.as_u16(),
+            "detail": detail,
+        });
+        let mut resp = Response::new(
+            http_body_util::Full::new(Bytes::from(doc.to_string()))
+                .map_err(|never| match never {})
+                .boxed_unsync(),
+        );
+        *resp.status_mut() = status;
+        resp.headers_mut().insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/problem+json"),
+        );
+        resp.extensions_mut().insert(executed);
+        resp
+    }
+
+    async fn forward(self, mut req: Request<Body>) -> Response<Body> {
+        let target = match self.target(req.uri()) {
+            Ok(t) => t,
+            Err(e) => {
+                return self.failure(
+                    StatusCode::BAD_GATEWAY,
+                    "upstream-unreachable",
+                    &format!("cannot build the upstream URL: {e}"),
+                    Executed::NotSent,
+                );
+            }
+        };
+        let original_host = req.headers().get(header::HOST).cloned();
+        let client = req.extensions().get::<ClientAddr>().copied();
+        *req.uri_mut() = target;
+        let headers = req.headers_mut();
+        strip_hop_by_hop(headers);
+        // The upstream sees its own authority as Host, and the original in X-Forwarded-Host.
+        headers.remove(header::HOST);
+        if let Some(host) = original_host {
+            headers.insert("x-forwarded-host", host);
+        }
+        if let Some(ClientAddr(addr)) = client {
+            let ip = addr.ip().to_string();
+            let value = match headers.get("x-forwarded-for").and_then(|v| v.to_str().ok()) {
+                Some(prior) => format!("{prior}, {ip}"),
+                None => ip,
+            };
+            if let Ok(v) = HeaderValue::from_str(&value) {
+                headers.insert("x-forwarded-for", v);
+            }
+        }
+        headers.insert("x-forwarded-proto", HeaderValue::from_static("http"));
+
+        match tokio::time::timeout(self.timeout, self.client.request(req)).await {
+            Ok(Ok(resp)) => {
+                let (mut parts, body) = resp.into_parts();
+                strip_hop_by_hop(&mut parts.headers);
+                Response::from_parts(parts, body.map_err(Into::into).boxed_unsync())
+            }
+            // Nothing reached the upstream: a retry is safe, so the key is released.
+            Ok(Err(e)) if e.is_connect() => self.failure(
+                StatusCode::BAD_GATEWAY,
+                "upstream-unreachable",
+                &format!("could not connect to the upstream ({e}); nothing was sent, so the key was released: retry with it"),
+                Executed::NotSent,
+            ),
+            // Sent, then the connection failed: the upstream may have acted.
+            Ok(Err(e)) => self.failure(
+                StatusCode::BAD_GATEWAY,
+                "upstream-failed",
+                &format!("the upstream connection failed after the request was sent ({e}); whether it acted is unknown, so the key is marked outcome-unknown"),
+                Executed::Unknown,
+            ),
+            Err(_) => self.failure(
+                StatusCode::GATEWAY_TIMEOUT,
+                "upstream-timeout",
+                &format!("the upstream did not answer within {:?}; whether it acted is unknown, so the key is marked outcome-unknown", self.timeout),
+                Executed::Unknown,
+            ),
+        }
+    }
+}
+
+impl Service<Request<Body>> for Proxy {
+    type Response = Response<Body>;
+    type Error = std::convert::Infallible;
+    type Future = Pin<Box<dyn Future<Output = Result<Response<Body>, Self::Error>> + Send>>;
+
+    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, req: Request<Body>) -> Self::Future {
+        let this = self.clone();
+        Box::pin(async move { Ok(this.forward(req).await) })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hop_by_hop_headers_go_including_those_connection_names() {
+        let mut h = HeaderMap::new();
+        h.insert(
+            "connection",
+            HeaderValue::from_static("keep-alive, x-secret-hop"),
+        );
+        h.insert("keep-alive", HeaderValue::from_static("timeout=5"));
+        h.insert("x-secret-hop", HeaderValue::from_static("1"));
+        h.insert("te", HeaderValue::from_static("trailers"));
+        h.insert("idempotency-key", HeaderValue::from_static("k"));
+        h.insert("authorization", HeaderValue::from_static("Bearer t"));
+        strip_hop_by_hop(&mut h);
+        let left: Vec<&str> = h.keys().map(|k| k.as_str()).collect();
+        assert_eq!(left, vec!["idempotency-key", "authorization"]);
+    }
+
+    #[test]
+    fn targets_keep_path_query_and_prefix() {
+        let p = |up: &str| {
+            Proxy::new(
+                up.parse().unwrap_or_else(|e| panic!("{e}")),
+                Duration::from_secs(1),
+                String::new(),
+            )
+        };
+        let uri: Uri = "/v1/charges?x=1".parse().unwrap_or_else(|e| panic!("{e}"));
+        let t = |proxy: Proxy| {
+            proxy
+                .target(&uri)
+                .map(|u| u.to_string())
+                .unwrap_or_default()
+        };
+        assert_eq!(
+            t(p("http://127.0.0.1:3000")),
+            "http://127.0.0.1:3000/v1/charges?x=1"
+        );
+        assert_eq!(
+            t(p("http://127.0.0.1:3000/api/")),
+            "http://127.0.0.1:3000/api/v1/charges?x=1"
+        );
+    }
+}

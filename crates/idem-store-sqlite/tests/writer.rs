@@ -1,0 +1,202 @@
+//! The writer's promises that only SQLite has: every claim is committed under an fsync; the
+//! time of a decision is read after the file lock is taken; a locked file fails a batch once,
+//! not once per command; a claim whose caller went away is released.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use idem_core::{
+    AbandonedPolicy, Claim, ClaimRequest, Fingerprint, Key, Scope, Store, SystemClock,
+};
+use idem_store_sqlite::{SqliteOptions, SqliteStore};
+
+fn req(k: &str, lease: Duration, on_abandoned: AbandonedPolicy) -> ClaimRequest {
+    ClaimRequest {
+        scope: Scope::anonymous(),
+        key: Key::new(k).unwrap_or_else(|e| panic!("{e}")),
+        fingerprint: Fingerprint::http("POST", "/x", None, b""),
+        lease,
+        retention: Duration::from_secs(3600),
+        on_abandoned,
+    }
+}
+
+/// Holds the file's write lock from another connection, as another process would, until the
+/// returned sender is dropped or sent to. Returns once the lock is held.
+fn hold_lock(path: PathBuf) -> (std::sync::mpsc::Sender<()>, std::thread::JoinHandle<()>) {
+    let (held_tx, held) = std::sync::mpsc::channel();
+    let (release, released) = std::sync::mpsc::channel::<()>();
+    let h = std::thread::spawn(move || {
+        let c = rusqlite::Connection::open(&path).unwrap_or_else(|e| panic!("{e}"));
+        c.execute_batch("BEGIN IMMEDIATE")
+            .unwrap_or_else(|e| panic!("{e}"));
+        let _ = held_tx.send(());
+        let _ = released.recv();
+        c.execute_batch("COMMIT").unwrap_or_else(|e| panic!("{e}"));
+    });
+    let _ = held.recv();
+    (release, h)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_claim_is_committed_under_fsync() {
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let store = SqliteStore::open(dir.path().join("idem.db")).unwrap_or_else(|e| panic!("{e}"));
+    let tasks: Vec<_> = (0..200)
+        .map(|i| {
+            let store = store.clone();
+            tokio::spawn(async move {
+                let r = req(
+                    &format!("k{i}"),
+                    Duration::from_secs(30),
+                    AbandonedPolicy::Reject,
+                );
+                let (scope, key) = (r.scope.clone(), r.key.clone());
+                let Ok(Claim::Acquired(l)) = store.claim(r).await else {
+                    panic!("claim {i}");
+                };
+                // Completions are committed without fsync; they must not drag claims along.
+                store
+                    .complete(
+                        &scope,
+                        &key,
+                        l.token,
+                        idem_core::StoredResponse::new(200, "ok"),
+                    )
+                    .await
+                    .unwrap_or_else(|e| panic!("{e}"));
+            })
+        })
+        .collect();
+    for t in tasks {
+        t.await.unwrap_or_else(|e| panic!("{e}"));
+    }
+    let stats = store.writer_stats();
+    assert_eq!(stats.claims_committed, 200, "{stats:?}");
+    assert_eq!(
+        stats.claims_fsynced, 200,
+        "a claim was answered without an fsync: {stats:?}"
+    );
+}
+
+/// A lease is measured from when the decision was made under the lock, so a claim that waited
+/// for another process's lock is not handed a lease that is already over.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lease_starts_when_the_lock_is_held_not_before() {
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let path = dir.path().join("idem.db");
+    let a = SqliteStore::open(&path).unwrap_or_else(|e| panic!("{e}"));
+    let b = SqliteStore::open(&path).unwrap_or_else(|e| panic!("{e}")); // another process
+    let lease = Duration::from_millis(1000);
+    let (release, locker) = hold_lock(path.clone());
+    let claim = tokio::spawn({
+        let a = a.clone();
+        async move { a.claim(req("k", lease, AbandonedPolicy::Retry)).await }
+    });
+    tokio::time::sleep(Duration::from_millis(1500)).await; // longer than the lease
+    drop(release);
+    let _ = locker.join();
+    let got = claim.await.unwrap_or_else(|e| panic!("{e}"));
+    assert!(matches!(got, Ok(Claim::Acquired(_))), "{got:?}");
+    let got_b = b.claim(req("k", lease, AbandonedPolicy::Retry)).await;
+    assert!(
+        matches!(got_b, Ok(Claim::InFlight(_))),
+        "two executors acquired one key: {got_b:?}"
+    );
+}
+
+/// When another process holds the lock past the busy timeout, the queued claims fail closed
+/// together: the writer does not retry them one by one, each waiting out the timeout again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_locked_file_fails_a_batch_once() {
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let path = dir.path().join("idem.db");
+    let options = SqliteOptions {
+        clock: Arc::new(SystemClock),
+        busy_timeout: Duration::from_millis(300),
+    };
+    let store = SqliteStore::open_with(&path, options).unwrap_or_else(|e| panic!("{e}"));
+    let (release, locker) = hold_lock(path.clone());
+    let before = store.writer_stats().transactions;
+    let tasks: Vec<_> = (0..20)
+        .map(|i| {
+            let s = store.clone();
+            tokio::spawn(async move {
+                s.claim(req(
+                    &format!("k{i}"),
+                    Duration::from_secs(30),
+                    AbandonedPolicy::Reject,
+                ))
+                .await
+            })
+        })
+        .collect();
+    for t in tasks {
+        let r = t.await.unwrap_or_else(|e| panic!("{e}"));
+        assert!(matches!(r, Err(ref e) if e.is_unavailable()), "{r:?}");
+    }
+    drop(release);
+    let _ = locker.join();
+    let attempts = store.writer_stats().transactions - before;
+    // 20 claims arrive in a few batches; one-by-one retries would make it 20 or more.
+    assert!(
+        attempts < 10,
+        "{attempts} transactions for 20 claims on a locked file"
+    );
+}
+
+/// A caller that drops its claim before hearing the answer will not execute: the writer
+/// releases what it granted, so the key is free instead of turning abandoned.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_whose_caller_went_away_is_released() {
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let path = dir.path().join("idem.db");
+    let store = SqliteStore::open(&path).unwrap_or_else(|e| panic!("{e}"));
+    let (release, locker) = hold_lock(path.clone());
+    let claim = tokio::spawn({
+        let store = store.clone();
+        async move {
+            store
+                .claim(req("k", Duration::from_secs(30), AbandonedPolicy::Reject))
+                .await
+        }
+    });
+    tokio::time::sleep(Duration::from_millis(200)).await; // queued behind the lock
+    claim.abort();
+    let _ = claim.await;
+    drop(release);
+    let _ = locker.join();
+    // Let the writer commit the claim and release it.
+    let mut last = None;
+    for _ in 0..100 {
+        last = Some(
+            store
+                .get(
+                    &Scope::anonymous(),
+                    &Key::new("k").unwrap_or_else(|e| panic!("{e}")),
+                )
+                .await,
+        );
+        if matches!(last, Some(Ok(None))) && store.writer_stats().claims_committed == 1 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(
+        store.writer_stats().claims_committed,
+        1,
+        "the dropped claim was never applied"
+    );
+    assert!(
+        matches!(last, Some(Ok(None))),
+        "the orphaned claim was not released: {last:?}"
+    );
+    let again = store
+        .claim(req("k", Duration::from_secs(30), AbandonedPolicy::Reject))
+        .await;
+    assert!(
+        matches!(again, Ok(Claim::Acquired(ref l)) if l.attempt == 1),
+        "{again:?}"
+    );
+}
