@@ -113,11 +113,33 @@ require_key = true
 "#;
 
 fn start_gateway(upstream: &str, extra_config: &str) -> Gateway {
+    start_gateway_limited(upstream, extra_config, None)
+}
+
+/// With `file_size_kib`, the gateway runs under `ulimit -f`: writes past that size fail with
+/// EFBIG, as on a full disk (SIGXFSZ is ignored so the write fails instead of killing it).
+fn start_gateway_limited(
+    upstream: &str,
+    extra_config: &str,
+    file_size_kib: Option<u32>,
+) -> Gateway {
     let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
     let db = dir.path().join("idem.db");
     let config = dir.path().join("idem.toml");
     std::fs::write(&config, format!("{CONFIG}\n{extra_config}")).unwrap_or_else(|e| panic!("{e}"));
-    let mut child = Command::new(env!("CARGO_BIN_EXE_idem"))
+    let mut command = match file_size_kib {
+        None => Command::new(env!("CARGO_BIN_EXE_idem")),
+        Some(kib) => {
+            let mut c = Command::new("bash");
+            c.arg("-c")
+                .arg(format!("trap '' XFSZ; ulimit -f {kib}; exec \"$0\" \"$@\""))
+                .arg(env!("CARGO_BIN_EXE_idem"))
+                // Every refused request logs an error; hundreds of them are noise here.
+                .env("IDEM_LOG", "off");
+            c
+        }
+    };
+    let mut child = command
         .args([
             "serve",
             "--listen",
@@ -570,5 +592,35 @@ async fn sigterm_drains_in_flight_requests() {
     assert!(
         String::from_utf8_lossy(&inspect.stdout).contains("completed"),
         "{inspect:?}"
+    );
+}
+
+/// The store's disk fills up under the gateway: requests it cannot record get 503
+/// `store-unavailable`, and the upstream never executes a request that got one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_store_that_cannot_write_fails_closed() {
+    let (up_addr, up) = start_upstream().await;
+    let g = start_gateway_limited(&format!("http://{up_addr}"), "", Some(64));
+    let (mut created, mut unavailable) = (0, 0);
+    // Small requests, many keys: the claims themselves must grow the file.
+    for i in 0..400 {
+        let r = charge_with(&g, &format!("full-{i}"), &[], BODY).await;
+        match r.status {
+            201 => created += 1,
+            503 => {
+                assert_eq!(r.problem_type(), "urn:idem:problem:store-unavailable");
+                unavailable += 1;
+            }
+            other => panic!("unexpected {other}: {}", r.body),
+        }
+    }
+    assert!(
+        unavailable > 0,
+        "the disk never filled up ({created} created); raise the request count"
+    );
+    assert_eq!(
+        up.0.load(Ordering::SeqCst),
+        created,
+        "the upstream executed a request the store could not record ({created} created, {unavailable} refused)"
     );
 }
