@@ -262,7 +262,9 @@ impl<St: Store> Shared<St> {
         let mut inner = Some(inner);
         loop {
             // Listen before claiming, so a finish between the claim and the wait is not missed.
-            let local = self.waiters.get(&scope, &key);
+            // Only routes that wait need to know about executions in this process.
+            let waits = policy.wait.is_some();
+            let local = waits.then(|| self.waiters.get(&scope, &key)).flatten();
             let notified = local.as_ref().map(|n| {
                 let mut n = Box::pin(n.notified());
                 n.as_mut().enable();
@@ -275,7 +277,9 @@ impl<St: Store> Shared<St> {
                 let (unstored, running) = (unstored.clone(), running.clone());
                 let (req, svc) = (request.take(), inner.take());
                 move || {
-                    running.put(waiters.executing(&scope, &key));
+                    if waits {
+                        running.put(waiters.executing(&scope, &key));
+                    }
                     execute(svc, req, unstored)
                 }
             };

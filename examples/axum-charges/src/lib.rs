@@ -16,11 +16,11 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 
 /// The charges made so far: (id, customer, amount).
-#[derive(Clone, Default)]
+#[derive(Debug, Clone, Default)]
 pub struct Ledger(pub Arc<Mutex<Vec<(String, String, u64)>>>);
 
 /// The request body of `POST /v1/charges`.
-#[derive(Deserialize)]
+#[derive(Debug, Deserialize)]
 pub struct NewCharge {
     customer_id: String,
     amount_cents: u64,
