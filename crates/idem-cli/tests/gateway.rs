@@ -250,6 +250,26 @@ async fn charge_with(g: &Gateway, key: &str, extra: &[(&str, &str)], body: &str)
 
 const BODY: &str = r#"{"customer_id":"cus_8g2k","amount_cents":4900}"#;
 
+/// A charge the upstream takes `sleep_ms` to answer, sent in the background.
+fn spawn_slow_charge(
+    g: &Gateway,
+    key: &'static str,
+    sleep_ms: u64,
+) -> tokio::task::JoinHandle<Got> {
+    let addr = g.addr;
+    tokio::spawn(async move {
+        let ms = sleep_ms.to_string();
+        send(
+            addr,
+            "POST",
+            "/v1/charges",
+            &[("idempotency-key", key), ("x-sleep-ms", &ms)],
+            BODY,
+        )
+        .await
+    })
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_row_of_the_table_through_the_real_gateway() {
     let (up_addr, up) = start_upstream().await;
@@ -287,19 +307,7 @@ async fn every_row_of_the_table_through_the_real_gateway() {
         (422, "urn:idem:problem:key-reused")
     );
     // In flight: 409 with Retry-After.
-    let slow = {
-        let addr = g.addr;
-        tokio::spawn(async move {
-            send(
-                addr,
-                "POST",
-                "/v1/charges",
-                &[("idempotency-key", "k2"), ("x-sleep-ms", "500")],
-                BODY,
-            )
-            .await
-        })
-    };
+    let slow = spawn_slow_charge(&g, "k2", 500);
     tokio::time::sleep(Duration::from_millis(150)).await;
     let dup = charge_with(&g, "k2", &[], BODY).await;
     assert_eq!(
@@ -562,19 +570,7 @@ async fn an_upstream_timeout_is_an_unknown_outcome_until_an_operator_resolves_it
 async fn sigterm_drains_in_flight_requests() {
     let (up_addr, up) = start_upstream().await;
     let mut g = start_gateway(&format!("http://{up_addr}"), "");
-    let in_flight = {
-        let addr = g.addr;
-        tokio::spawn(async move {
-            send(
-                addr,
-                "POST",
-                "/v1/charges",
-                &[("idempotency-key", "drain"), ("x-sleep-ms", "700")],
-                BODY,
-            )
-            .await
-        })
-    };
+    let in_flight = spawn_slow_charge(&g, "drain", 700);
     tokio::time::sleep(Duration::from_millis(200)).await;
     let pid = g.child.id().to_string();
     let killed = Command::new("kill")
