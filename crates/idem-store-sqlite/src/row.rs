@@ -144,16 +144,23 @@ pub(crate) fn delete(conn: &Connection, scope: &Scope, key: &Key) -> rusqlite::R
     Ok(())
 }
 
-pub(crate) fn count_replay(
+pub(crate) fn count_replays(
     conn: &Connection,
     scope: &Scope,
     key: &Key,
     token: FencingToken,
+    n: u32,
 ) -> rusqlite::Result<()> {
     conn.prepare_cached(
-        "UPDATE idem_records SET replays = replays + 1 WHERE scope = ?1 AND key = ?2 AND token = ?3",
+        "UPDATE idem_records SET replays = min(replays + ?4, 4294967295) \
+         WHERE scope = ?1 AND key = ?2 AND token = ?3",
     )?
-    .execute(params![scope.as_str(), key.as_str(), token.as_i64()])?;
+    .execute(params![
+        scope.as_str(),
+        key.as_str(),
+        token.as_i64(),
+        i64::from(n)
+    ])?;
     Ok(())
 }
 

@@ -16,7 +16,7 @@ use tokio::sync::oneshot;
 
 use crate::checkpoint::Checkpointer;
 use crate::readers::{Patience, Readers, WouldWait};
-use crate::writer::{Cmd, Done, Job, Stats, Writer};
+use crate::writer::{Cmd, Done, Job, ReplayTally, Stats, Writer};
 use crate::{row, schema};
 
 /// Counters of the writer thread.
@@ -62,6 +62,7 @@ struct Inner {
     tx: Mutex<Option<Sender<Job>>>,
     writer: Mutex<Option<JoinHandle<()>>>,
     stats: Arc<Stats>,
+    replays: ReplayTally,
     /// Dropping it stops the checkpointer.
     checkpointer: Mutex<Option<Checkpointer>>,
 }
@@ -104,7 +105,14 @@ impl SqliteStore {
         schema::prepare_writer(&mut conn, &path)?;
         let (tx, rx) = mpsc::channel();
         let stats = Arc::new(Stats::default());
-        let writer = Writer::new(conn, path.clone(), options.clock.clone(), stats.clone());
+        let replays = ReplayTally::default();
+        let writer = Writer::new(
+            conn,
+            path.clone(),
+            options.clock.clone(),
+            stats.clone(),
+            replays.clone(),
+        );
         let handle = std::thread::Builder::new()
             .name("idem-sqlite-writer".into())
             .spawn(move || writer.run(rx))
@@ -119,6 +127,7 @@ impl SqliteStore {
                 writer: Mutex::new(Some(handle)),
                 checkpointer: Mutex::new(Some(checkpointer)),
                 stats,
+                replays,
             }),
         })
     }
@@ -155,6 +164,21 @@ impl SqliteStore {
         let (reply, answer) = oneshot::channel();
         self.send(cmd, Some(reply))?;
         answer.await.map_err(|_| self.writer_gone())?
+    }
+
+    /// Tallies a replay; the first tally since the last flush asks the writer for one.
+    fn count_replay(&self, scope: Scope, key: Key, token: FencingToken) {
+        let first = {
+            let mut tally = self.inner.replays.lock().unwrap_or_else(|p| p.into_inner());
+            let first = tally.is_empty();
+            let n = tally.entry((scope, key, token)).or_insert(0);
+            *n = n.saturating_add(1);
+            first
+        };
+        // The counter is bookkeeping: a replay is served even if it is not counted.
+        if first && let Err(e) = self.send(Cmd::FlushReplays, None) {
+            tracing::warn!(error = %e, "replays not counted");
+        }
     }
 
     fn writer_gone(&self) -> StoreError {
@@ -217,15 +241,7 @@ impl Store for SqliteStore {
                 RecordState::Completed => {
                     let mut replayed = rec;
                     replayed.replays = replayed.replays.saturating_add(1);
-                    let count = Cmd::CountReplay {
-                        scope: req.scope,
-                        key: req.key,
-                        token: replayed.token,
-                    };
-                    // The counter is bookkeeping: a replay is served even if it is not counted.
-                    if let Err(e) = self.send(count, None) {
-                        tracing::warn!(error = %e, "replay not counted");
-                    }
+                    self.count_replay(req.scope, req.key, replayed.token);
                     return Ok(Claim::Completed(replayed));
                 }
                 RecordState::InFlight => return Ok(Claim::InFlight(rec)),

@@ -10,10 +10,11 @@
 //! the batch is rolled back and each command is retried alone, so one bad command cannot fail
 //! the others; a failed commit fails the whole batch, closed.
 
+use std::collections::HashMap;
 use std::path::PathBuf;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{Receiver, TryRecvError};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use idem_core::machine::{self, Write};
@@ -58,13 +59,15 @@ pub(crate) enum Cmd {
     Purge {
         limit: usize,
     },
-    /// A replay answered from a read; counted here, nobody waits for it.
-    CountReplay {
-        scope: Scope,
-        key: Key,
-        token: FencingToken,
-    },
+    /// Replays answered from reads are tallied in [`ReplayTally`]; this writes the tally.
+    /// Nobody waits for it.
+    FlushReplays,
 }
+
+/// Replays answered from reads since the last flush, by record. Counting them one commit each
+/// would make a replay storm a write storm; they are added up here and written in one
+/// statement per record whenever the writer gets to the flush.
+pub(crate) type ReplayTally = Arc<Mutex<HashMap<(Scope, Key, FencingToken), u32>>>;
 
 impl Cmd {
     /// Whether the answer must wait for an fsync.
@@ -86,6 +89,7 @@ impl Writer {
         path: PathBuf,
         clock: Arc<dyn Clock>,
         stats: Arc<Stats>,
+        replays: ReplayTally,
     ) -> Self {
         Writer {
             conn,
@@ -93,6 +97,7 @@ impl Writer {
             clock,
             sync: None,
             stats,
+            replays,
         }
     }
 }
@@ -125,6 +130,7 @@ pub(crate) struct Writer {
     /// The `synchronous` mode the connection is in, if known.
     sync: Option<Sync>,
     stats: Arc<Stats>,
+    replays: ReplayTally,
 }
 
 /// What the writer has done, for tests and operators: see [`crate::SqliteStore::writer_stats`].
@@ -260,7 +266,7 @@ impl Writer {
         let now = self.clock.now();
         let mut outcomes = Vec::with_capacity(cmds.len());
         for cmd in cmds {
-            outcomes.push(apply(&tx, cmd, now)?);
+            outcomes.push(apply(&tx, cmd, now, &self.replays)?);
         }
         tx.commit()?;
         let claims = cmds.iter().filter(|c| matches!(c, Cmd::Claim(_))).count() as u64;
@@ -320,11 +326,15 @@ fn apply(
     conn: &Connection,
     cmd: &Cmd,
     now: Timestamp,
+    replays: &ReplayTally,
 ) -> rusqlite::Result<Result<Done, StoreError>> {
     let (scope, key) = match cmd {
         Cmd::Purge { limit } => return Ok(Ok(Done::Purged(row::purge(conn, now, *limit)?))),
-        Cmd::CountReplay { scope, key, token } => {
-            row::count_replay(conn, scope, key, *token)?;
+        Cmd::FlushReplays => {
+            let tally = std::mem::take(&mut *replays.lock().unwrap_or_else(|p| p.into_inner()));
+            for ((scope, key, token), n) in tally {
+                row::count_replays(conn, &scope, &key, token, n)?;
+            }
             return Ok(Ok(Done::Counted));
         }
         Cmd::Claim(req) => (&req.scope, &req.key),
@@ -355,7 +365,7 @@ fn apply(
         Cmd::Resolve { resolution, .. } => {
             machine::resolve(existing, resolution.clone(), now).map(|(r, w)| (Done::Resolved(r), w))
         }
-        Cmd::Purge { .. } | Cmd::CountReplay { .. } => unreachable_cmd(),
+        Cmd::Purge { .. } | Cmd::FlushReplays => unreachable_cmd(),
     };
     let (done, write) = match decided {
         Ok(d) => d,
@@ -367,14 +377,14 @@ fn apply(
         Write::Delete => row::delete(conn, scope, key)?,
         Write::CountReplay => {
             if let Some(r) = existing {
-                row::count_replay(conn, scope, key, r.token)?;
+                row::count_replays(conn, scope, key, r.token, 1)?;
             }
         }
     }
     Ok(Ok(done))
 }
 
-/// Purge and CountReplay return before the match that would reach here.
+/// Purge and FlushReplays return before the match that would reach here.
 fn unreachable_cmd() -> Result<(Done, Write), StoreError> {
     Err(StoreError::Corrupt(
         "internal: command dispatched twice".into(),
