@@ -29,6 +29,8 @@ pub(crate) enum Command {
     /// Routes, limits, timeouts and the admin listener come from --config FILE (TOML; see
     /// docs/gateway.md). Flags override IDEM_* environment variables, which override the file.
     Serve(ServeArgs),
+    /// Derive the idempotency key of an intent (idem/v1; see docs/key-derivation.md).
+    Key(KeyArgs),
     /// Print one record's whole story: state, fingerprint, times, counters, stored response.
     Inspect(InspectArgs),
     /// Settle an abandoned record (outcome unknown): release it, or record its result.
@@ -128,4 +130,24 @@ pub(crate) struct ServeArgs {
     /// Address of the admin listener (/healthz, /metrics, /keys/KEY) [default: 127.0.0.1:9090].
     #[arg(long, env = "IDEM_ADMIN_LISTEN", value_name = "ADDR")]
     pub(crate) admin_listen: Option<std::net::SocketAddr>,
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct KeyArgs {
+    /// The intent's scope: a conversation turn, a task id handed to sub-agents, an order id.
+    #[arg(long, value_name = "SCOPE")]
+    pub(crate) scope: String,
+    /// The tool being called.
+    #[arg(long, value_name = "TOOL")]
+    pub(crate) tool: String,
+    /// The tool's arguments as JSON text, or @FILE to read them from a file.
+    #[arg(long, value_name = "JSON|@FILE")]
+    pub(crate) args: String,
+    /// Separates two deliberate, identical calls in one scope.
+    #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u64).range(0..=(1u64 << 53)))]
+    pub(crate) ordinal: u64,
+    /// Name of an environment variable holding a secret: the digest becomes an HMAC, for
+    /// arguments an outsider could guess (amounts, e-mail addresses).
+    #[arg(long, value_name = "VAR")]
+    pub(crate) secret_env: Option<String>,
 }

@@ -34,6 +34,7 @@ fn main() -> ExitCode {
     let result = runtime.block_on(async {
         match cli.command {
             Command::Serve(args) => commands::serve::run(args).await,
+            Command::Key(args) => commands::key::run(args),
             Command::Inspect(args) => commands::inspect::run(args).await,
             Command::Resolve(args) => commands::resolve::run(args).await,
             Command::Gc(args) => commands::gc::run(args).await,

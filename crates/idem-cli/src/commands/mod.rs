@@ -2,5 +2,6 @@
 
 pub(crate) mod gc;
 pub(crate) mod inspect;
+pub(crate) mod key;
 pub(crate) mod resolve;
 pub(crate) mod serve;
