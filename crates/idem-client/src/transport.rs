@@ -1,0 +1,120 @@
+//! How a tool call travels. HTTP is one transport; the MCP proxy will be another.
+
+use std::future::Future;
+use std::time::Duration;
+
+use bytes::Bytes;
+use idem_core::Key;
+use serde_json::Value;
+
+/// One attempt of a call, as handed to a transport.
+#[derive(Debug, Clone)]
+pub struct Request<'a> {
+    /// The tool.
+    pub tool: &'a str,
+    /// The arguments, `idempotency_key` already inserted for effects.
+    pub args: &'a Value,
+    /// The key, for effects: sent as `Idempotency-Key` where the transport has headers.
+    pub key: Option<&'a Key>,
+    /// 1 for the first attempt.
+    pub attempt: u32,
+}
+
+/// What the other side answered.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Response {
+    /// HTTP-style status.
+    pub status: u16,
+    /// `Retry-After`, when the server sent one.
+    pub retry_after: Option<Duration>,
+    /// Whether the answer is a replay of an earlier execution (`Idempotent-Replayed: true`).
+    pub replayed: bool,
+    /// The body.
+    pub body: Bytes,
+}
+
+/// Why an attempt got no answer, and so whether the request may have had an effect.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum TransportError {
+    /// The request surely did not reach the server (connection refused, DNS).
+    #[error("not sent: {0}")]
+    NotSent(String),
+    /// The request may have reached the server: a timeout or a reset after sending.
+    #[error("sent, no answer: {0}")]
+    NoAnswer(String),
+}
+
+/// Sends one attempt.
+pub trait Transport: Send + Sync {
+    /// Sends `req` and waits for the answer.
+    fn send(
+        &self,
+        req: Request<'_>,
+    ) -> impl Future<Output = Result<Response, TransportError>> + Send;
+}
+
+/// Tools over HTTP: `POST {base}/{tool}` with the arguments as a JSON body.
+#[derive(Debug, Clone)]
+pub struct HttpTransport {
+    client: reqwest::Client,
+    base: String,
+}
+
+impl HttpTransport {
+    /// Calls tools under `base` (e.g. `http://127.0.0.1:8080/tools`), each attempt bounded by
+    /// `timeout`.
+    pub fn new(base: impl Into<String>, timeout: Duration) -> Result<Self, TransportError> {
+        let client = reqwest::Client::builder()
+            .timeout(timeout)
+            .build()
+            .map_err(|e| TransportError::NotSent(e.to_string()))?;
+        Ok(HttpTransport {
+            client,
+            base: base.into().trim_end_matches('/').to_owned(),
+        })
+    }
+}
+
+fn retry_after(headers: &reqwest::header::HeaderMap) -> Option<Duration> {
+    let v = headers.get(reqwest::header::RETRY_AFTER)?.to_str().ok()?;
+    // Seconds only; an HTTP date is rare from APIs and is then treated as absent.
+    v.trim().parse::<u64>().ok().map(Duration::from_secs)
+}
+
+impl Transport for HttpTransport {
+    async fn send(&self, req: Request<'_>) -> Result<Response, TransportError> {
+        let mut http = self
+            .client
+            .post(format!("{}/{}", self.base, req.tool))
+            .header(reqwest::header::CONTENT_TYPE, "application/json")
+            .body(req.args.to_string());
+        if let Some(key) = req.key {
+            http = http.header("idempotency-key", key.to_header_value());
+        }
+        let classify = |e: reqwest::Error| {
+            if e.is_connect() {
+                TransportError::NotSent(e.to_string())
+            } else {
+                TransportError::NoAnswer(e.to_string())
+            }
+        };
+        let resp = http.send().await.map_err(classify)?;
+        let status = resp.status().as_u16();
+        let retry_after = retry_after(resp.headers());
+        let replayed = resp
+            .headers()
+            .get("idempotent-replayed")
+            .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"true"));
+        // A body cut off midway is an answer we did not get: the call may have happened.
+        let body = resp
+            .bytes()
+            .await
+            .map_err(|e| TransportError::NoAnswer(e.to_string()))?;
+        Ok(Response {
+            status,
+            retry_after,
+            replayed,
+            body,
+        })
+    }
+}
