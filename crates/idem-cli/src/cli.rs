@@ -45,10 +45,14 @@ pub(crate) struct TargetArgs {
     /// The store: memory: or sqlite:PATH.
     #[arg(long, env = "IDEM_STORE", default_value = DEFAULT_STORE, value_name = "URL")]
     pub(crate) store: StoreUrl,
-    /// The scope label as stored (as logs and `--json` show it); requests without a
-    /// principal use `anonymous`.
-    #[arg(long, default_value = idem_core::scope::ANONYMOUS, value_name = "SCOPE")]
+    /// The scope label as stored: `anonymous` for callers without a principal, `p:<hash>` for
+    /// a hashed principal (the gateway logs it), or the name a runtime chose.
+    #[arg(long, default_value = idem_core::scope::ANONYMOUS, value_name = "SCOPE", conflicts_with = "principal")]
     pub(crate) scope: String,
+    /// The caller's principal header, as the gateway hashes it: 'NAME: VALUE', e.g.
+    /// 'authorization: Bearer tok'. Repeat it in the order of the gateway's scope_headers.
+    #[arg(long, value_name = "NAME: VALUE")]
+    pub(crate) principal: Vec<String>,
     /// The idempotency key as the client sent it (without header quoting).
     #[arg(value_name = "KEY")]
     pub(crate) key: String,
@@ -65,8 +69,28 @@ impl TargetArgs {
     pub(crate) fn resolve(self) -> Result<Target> {
         let key = Key::new(self.key.clone())
             .with_context(|| format!("KEY {:?} is not a valid idempotency key", self.key))?;
-        let scope = Scope::new(self.scope.clone())
-            .with_context(|| format!("--scope {:?} is not a valid scope", self.scope))?;
+        let scope = if self.principal.is_empty() {
+            Scope::new(self.scope.clone())
+                .with_context(|| format!("--scope {:?} is not a valid scope", self.scope))?
+        } else {
+            let mut headers = http::HeaderMap::new();
+            let mut names = Vec::new();
+            for p in &self.principal {
+                let (name, value) = p
+                    .split_once(':')
+                    .with_context(|| format!("--principal {p:?} is not 'NAME: VALUE'"))?;
+                let name = http::HeaderName::from_bytes(name.trim().as_bytes())
+                    .with_context(|| format!("--principal {p:?}: {name:?} is not a header name"))?;
+                let value = http::HeaderValue::from_str(value.trim()).with_context(|| {
+                    format!("--principal {p:?}: the value is not a header value")
+                })?;
+                if !names.contains(&name) {
+                    names.push(name.clone());
+                }
+                headers.append(name, value);
+            }
+            idem_http::scope_of(&headers, &names)
+        };
         Ok(Target {
             store: self.store,
             scope,
@@ -116,7 +140,7 @@ pub(crate) struct GcArgs {
 #[derive(Debug, Args)]
 pub(crate) struct ServeArgs {
     /// Address to listen on [default: 127.0.0.1:8080].
-    #[arg(long, env = "IDEM_LISTEN", value_name = "ADDR")]
+    #[arg(long, env = "IDEM_LISTEN", value_name = "ADDR", value_parser = socket_addr)]
     pub(crate) listen: Option<std::net::SocketAddr>,
     /// The service behind the gateway, as http://host:port[/prefix].
     #[arg(long, env = "IDEM_UPSTREAM", value_name = "URL")]
@@ -128,7 +152,7 @@ pub(crate) struct ServeArgs {
     #[arg(long, env = "IDEM_CONFIG", value_name = "FILE")]
     pub(crate) config: Option<PathBuf>,
     /// Address of the admin listener (/healthz, /metrics, /keys/KEY) [default: 127.0.0.1:9090].
-    #[arg(long, env = "IDEM_ADMIN_LISTEN", value_name = "ADDR")]
+    #[arg(long, env = "IDEM_ADMIN_LISTEN", value_name = "ADDR", value_parser = socket_addr)]
     pub(crate) admin_listen: Option<std::net::SocketAddr>,
 }
 
@@ -150,4 +174,12 @@ pub(crate) struct KeyArgs {
     /// arguments an outsider could guess (amounts, e-mail addresses).
     #[arg(long, value_name = "VAR")]
     pub(crate) secret_env: Option<String>,
+}
+
+fn socket_addr(s: &str) -> Result<std::net::SocketAddr, String> {
+    s.parse().map_err(|_| {
+        format!(
+            "{s:?} is not IP:PORT (like 127.0.0.1:8080 or [::1]:8080; host names are not resolved)"
+        )
+    })
 }

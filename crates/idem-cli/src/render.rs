@@ -87,10 +87,17 @@ pub(crate) fn text(r: &Record, now: Timestamp) -> String {
     if let Some(t) = r.completed_at {
         line("completed", format!("{t} ({})", relative(t, now)));
     }
-    line(
-        "expires",
-        format!("{} ({})", r.expires_at, relative(r.expires_at, now)),
-    );
+    if r.expires_at == Timestamp::NEVER {
+        line(
+            "expires",
+            "never: kept until completed or resolved, then for its retention".into(),
+        );
+    } else {
+        line(
+            "expires",
+            format!("{} ({})", r.expires_at, relative(r.expires_at, now)),
+        );
+    }
     line("retention", humantime(r.retention));
     line("attempts", r.attempts.to_string());
     line("replays", r.replays.to_string());

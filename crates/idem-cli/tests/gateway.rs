@@ -513,12 +513,13 @@ fn idem(args: &[&str], db: &Path) -> std::process::Output {
 async fn an_upstream_timeout_is_an_unknown_outcome_until_an_operator_resolves_it() {
     let (up_addr, up) = start_upstream().await;
     let g = start_gateway(&format!("http://{up_addr}"), "");
-    let r = charge_with(&g, "slowpoke", &[("x-sleep-ms", "2500")], BODY).await;
+    let auth = ("authorization", "Bearer agent-7");
+    let r = charge_with(&g, "slowpoke", &[("x-sleep-ms", "2500"), auth], BODY).await;
     assert_eq!(
         (r.status, r.problem_type().as_str()),
         (504, "urn:idem:problem:upstream-timeout")
     );
-    let retry = charge_with(&g, "slowpoke", &[], BODY).await;
+    let retry = charge_with(&g, "slowpoke", &[auth], BODY).await;
     assert_eq!(
         (retry.status, retry.problem_type().as_str()),
         (409, "urn:idem:problem:outcome-unknown")
@@ -529,11 +530,20 @@ async fn an_upstream_timeout_is_an_unknown_outcome_until_an_operator_resolves_it
         "the unknown outcome was retried"
     );
 
-    let inspect = idem(&["inspect", "slowpoke"], &g.db);
+    // The record is the caller's, not the anonymous scope's; the operator names the caller.
+    let anonymous = idem(&["inspect", "slowpoke"], &g.db);
+    assert!(!anonymous.status.success());
     assert!(
-        String::from_utf8_lossy(&inspect.stdout).contains("abandoned"),
-        "{:?}",
-        inspect
+        String::from_utf8_lossy(&anonymous.stderr).contains("--principal"),
+        "{anonymous:?}"
+    );
+    let principal = "authorization: Bearer agent-7";
+    let inspect = idem(&["inspect", "slowpoke", "--principal", principal], &g.db);
+    let text = String::from_utf8_lossy(&inspect.stdout);
+    assert!(text.contains("abandoned"), "{inspect:?}");
+    assert!(
+        text.contains("never"),
+        "an abandoned record does not expire: {text}"
     );
     let body = g.db.with_file_name("resolved.json");
     std::fs::write(&body, r#"{"charge_id":"ch_1","resolved":true}"#)
@@ -543,6 +553,8 @@ async fn an_upstream_timeout_is_an_unknown_outcome_until_an_operator_resolves_it
         &[
             "resolve",
             "slowpoke",
+            "--principal",
+            principal,
             "--status",
             "201",
             "--body",
@@ -557,7 +569,7 @@ async fn an_upstream_timeout_is_an_unknown_outcome_until_an_operator_resolves_it
         "{}",
         String::from_utf8_lossy(&resolved.stderr)
     );
-    let replay = charge_with(&g, "slowpoke", &[], BODY).await;
+    let replay = charge_with(&g, "slowpoke", &[auth], BODY).await;
     assert!(replay.replayed());
     assert_eq!(
         (replay.status, replay.body.as_str()),

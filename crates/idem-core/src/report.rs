@@ -54,7 +54,7 @@ pub fn to_json(r: &Record, now: Timestamp) -> Value {
         "acquired": time(r.acquired_at),
         "lease_expires": time(r.lease_expires_at),
         "completed": r.completed_at.map(time),
-        "expires": time(r.expires_at),
+        "expires": (r.expires_at != Timestamp::NEVER).then(|| time(r.expires_at)),
         "retention_ms": u64::try_from(r.retention.as_millis()).unwrap_or(u64::MAX),
         "attempts": r.attempts,
         "replays": r.replays,

@@ -184,7 +184,12 @@ impl FileConfig {
     pub fn load(path: &Path) -> Result<Self> {
         let text = std::fs::read_to_string(path)
             .with_context(|| format!("cannot read config file {}", path.display()))?;
-        toml::from_str(&text).with_context(|| format!("config file {} is invalid", path.display()))
+        toml::from_str(&text).with_context(|| {
+            format!(
+                "config file {} is invalid (addresses are IP:PORT like \"127.0.0.1:8080\"; durations like \"250ms\", \"30s\", \"24h\")",
+                path.display()
+            )
+        })
     }
 }
 
@@ -228,9 +233,14 @@ impl Settings {
             .upstream
             .or(file.upstream)
             .context("no upstream: pass --upstream URL (or IDEM_UPSTREAM, or upstream = \"...\" in the config file)")?;
-        let upstream: Uri = upstream_text
-            .parse()
-            .with_context(|| format!("upstream {upstream_text:?} is not a URL"))?;
+        let upstream: Uri = upstream_text.parse().with_context(|| {
+            format!("upstream {upstream_text:?} is not a URL like http://127.0.0.1:3000")
+        })?;
+        if upstream.query().is_some() {
+            bail!(
+                "upstream {upstream_text:?}: a query string is not forwarded; remove it (the client's own query is kept)"
+            );
+        }
         match (upstream.scheme_str(), upstream.authority()) {
             (Some("http"), Some(_)) => {}
             (Some("https"), _) => bail!(

@@ -78,6 +78,12 @@ impl Proxy {
         }
     }
 
+    fn upstream_authority(&self) -> String {
+        self.upstream
+            .authority()
+            .map_or_else(|| self.upstream.to_string(), ToString::to_string)
+    }
+
     fn target(&self, uri: &Uri) -> Result<Uri, http::Error> {
         let prefix = self.upstream.path().trim_end_matches('/');
         let pq = uri.path_and_query().map_or("/", |pq| pq.as_str());
@@ -157,24 +163,34 @@ impl Proxy {
             Ok(Err(e)) if e.is_connect() => self.failure(
                 StatusCode::BAD_GATEWAY,
                 "upstream-unreachable",
-                &format!("could not connect to the upstream ({e}); nothing was sent, so the key was released: retry with it"),
+                &format!("could not connect to the upstream at {}: {}; nothing was sent, so a retry is safe", self.upstream_authority(), cause(&e)),
                 Executed::NotSent,
             ),
             // Sent, then the connection failed: the upstream may have acted.
             Ok(Err(e)) => self.failure(
                 StatusCode::BAD_GATEWAY,
                 "upstream-failed",
-                &format!("the upstream connection failed after the request was sent ({e}); whether it acted is unknown, so the key is marked outcome-unknown"),
+                &format!("the connection to the upstream at {} failed after the request was sent ({}); whether it acted is unknown", self.upstream_authority(), cause(&e)),
                 Executed::Unknown,
             ),
             Err(_) => self.failure(
                 StatusCode::GATEWAY_TIMEOUT,
                 "upstream-timeout",
-                &format!("the upstream did not answer within {:?}; whether it acted is unknown, so the key is marked outcome-unknown", self.timeout),
+                &format!("the upstream at {} did not answer within {:?}; whether it acted is unknown", self.upstream_authority(), self.timeout),
                 Executed::Unknown,
             ),
         }
     }
+}
+
+/// The innermost cause of a client error ("Connection refused (os error 111)"), not the
+/// client's own wrapping of it.
+fn cause(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut inner = e;
+    while let Some(next) = inner.source() {
+        inner = next;
+    }
+    inner.to_string()
 }
 
 impl Service<Request<Body>> for Proxy {

@@ -40,4 +40,4 @@ pub use layer::{Config, IdempotencyLayer};
 pub use metered::MeteredStore;
 pub use policy::{PathPattern, PatternError, Route, RoutePolicy, Routes};
 pub use problem::{DEFAULT_PROBLEM_BASE, Problem};
-pub use service::{Body, BoxError, Executed, Idempotency};
+pub use service::{Body, BoxError, Executed, Idempotency, scope_of};

@@ -107,6 +107,26 @@ fn respond(resp: Response<Bytes>) -> Response<Body> {
     resp.map(full)
 }
 
+/// The scope of a request: the hash of the values of `names` (each value with its header's
+/// name, in the order of `names`), or the anonymous scope when none is present. `idem inspect
+/// --principal` computes the same, so an operator can find a caller's records.
+pub fn scope_of(headers: &HeaderMap, names: &[http::HeaderName]) -> Scope {
+    let parts: Vec<&[u8]> = names
+        .iter()
+        .flat_map(|name| {
+            headers
+                .get_all(name)
+                .iter()
+                .flat_map(move |v| [name.as_str().as_bytes(), v.as_bytes()])
+        })
+        .collect();
+    if parts.is_empty() {
+        Scope::anonymous()
+    } else {
+        Scope::from_principal(parts)
+    }
+}
+
 /// Methods that never need a key (DESIGN §3; TRACE is safe too, RFC 9110 §9.2.1).
 fn is_safe(method: &Method) -> bool {
     matches!(
@@ -126,7 +146,7 @@ fn key_from(headers: &HeaderMap) -> Result<Option<Key>, String> {
         return Ok(None);
     };
     if values.next().is_some() {
-        return Err("the Idempotency-Key header was sent more than once".into());
+        return Err("The Idempotency-Key header was sent more than once".into());
     }
     Key::from_header(first.as_bytes())
         .map(Some)
@@ -174,22 +194,7 @@ impl<St: Store> Shared<St> {
     }
 
     fn scope_of(&self, headers: &HeaderMap) -> Scope {
-        let parts: Vec<&[u8]> = self
-            .config
-            .scope_headers
-            .iter()
-            .flat_map(|name| {
-                headers
-                    .get_all(name)
-                    .iter()
-                    .flat_map(move |v| [name.as_str().as_bytes(), v.as_bytes()])
-            })
-            .collect();
-        if parts.is_empty() {
-            Scope::anonymous()
-        } else {
-            Scope::from_principal(parts)
-        }
+        scope_of(headers, &self.config.scope_headers)
     }
 
     async fn handle<S, F, E, ReqBody, ResBody>(
@@ -296,7 +301,7 @@ impl<St: Store> Shared<St> {
             let answer = match answer {
                 Ok(a) => a,
                 Err(e) => {
-                    tracing::error!(error = %e, key = %key, "store unavailable; request not executed");
+                    tracing::error!(error = %e, key = %key, scope = %scope, "store unavailable; request not executed");
                     count("store_error");
                     return Ok(self.problem(&Problem::StoreUnavailable));
                 }
@@ -308,7 +313,7 @@ impl<St: Store> Shared<St> {
                 Answer::Executed { response, kept } => {
                     if let Kept::Lost(e) = &kept {
                         metrics::counter!("idem_completions_lost_total").increment(1);
-                        tracing::error!(error = %e, key = %key, "executed, but the result was not stored; the key will read as abandoned");
+                        tracing::error!(error = %e, key = %key, scope = %scope, "executed, but the result was not stored; the key will read as abandoned");
                     }
                     count("executed");
                     return Ok(from_stored(&response)
@@ -317,6 +322,7 @@ impl<St: Store> Shared<St> {
                 Answer::NotSent | Answer::Unknown => {
                     if matches!(answer, Answer::Unknown) {
                         metrics::counter!("idem_abandoned_records_total").increment(1);
+                        tracing::warn!(key = %key, scope = %scope, "outcome unknown: the record is abandoned until resolved (idem inspect / idem resolve)");
                     }
                     count(if matches!(answer, Answer::NotSent) {
                         "not_sent"

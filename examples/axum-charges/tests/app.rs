@@ -5,7 +5,7 @@ use http::Request;
 use http_body_util::BodyExt;
 use tower::ServiceExt;
 
-use example_axum_charges::{Ledger, app};
+use example_axum_charges::{Ledger, app, plain_app};
 
 async fn post(app: &axum::Router, key: &str) -> (u16, bool, serde_json::Value) {
     let req = Request::post("/v1/charges")
@@ -48,5 +48,16 @@ async fn a_retried_charge_is_the_same_charge() {
     assert_eq!(b1["charge_id"], "ch_1");
     let (_, _, b3) = post(&app, "order-18").await;
     assert_eq!(b3["charge_id"], "ch_2");
+    assert_eq!(ledger.0.lock().map(|l| l.len()).unwrap_or(0), 2);
+}
+
+#[tokio::test]
+async fn without_the_layer_a_retry_charges_again() {
+    let ledger = Ledger::default();
+    let app = plain_app(ledger.clone());
+    let (_, _, b1) = post(&app, "order-17").await;
+    let (_, replayed, b2) = post(&app, "order-17").await;
+    assert!(!replayed);
+    assert_ne!(b1["charge_id"], b2["charge_id"]);
     assert_eq!(ledger.0.lock().map(|l| l.len()).unwrap_or(0), 2);
 }

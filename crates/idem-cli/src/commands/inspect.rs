@@ -11,7 +11,7 @@ pub(crate) async fn run(args: InspectArgs) -> Result<()> {
     let store = store.open(true)?;
     let Some(record) = store.get(&scope, &key).await? else {
         bail!(
-            "no record for key {k:?} in scope {s:?}: it was never claimed, was released, or its retention ended"
+            "no record for key {k:?} in scope {s:?}: it was never claimed, was released, or its retention ended (a caller with a principal has its own scope: pass --principal 'authorization: ...' or the --scope the gateway logged)"
         );
     };
     let now = SystemClock.now();

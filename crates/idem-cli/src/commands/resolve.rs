@@ -40,14 +40,14 @@ pub(crate) async fn run(args: ResolveArgs) -> Result<()> {
             print!("{}", crate::render::text(&record, SystemClock.now()));
         }
         Err(StoreError::NotFound) => bail!(
-            "no record for key {k:?} in scope {s:?}: it was never claimed, was released, or its retention ended"
+            "no record for key {k:?} in scope {s:?}: it was never claimed, was released, or its retention ended (a caller with a principal has its own scope: pass --principal 'authorization: ...' or the --scope the gateway logged)"
         ),
         Err(StoreError::NotAbandoned { state }) => bail!(
             "key {k:?} in scope {s:?} is {state}; only an abandoned record can be resolved{}",
             if state == idem_core::RecordState::InFlight {
                 " (its lease is still running: wait for it to end)"
             } else {
-                ""
+                " (a completed result stays until its retention ends; a new intent needs a new key)"
             }
         ),
         Err(e) => return Err(e.into()),
