@@ -25,6 +25,17 @@ function number(x) {
   return JSON.stringify(x); // ECMAScript Number.prototype.toString; -0 becomes "0"
 }
 
+const LONE = /[\ud800-\udbff](?![\udc00-\udfff])|(?<![\ud800-\udbff])[\udc00-\udfff]/;
+
+function string(s) {
+  const lone = s.match(LONE);
+  if (lone) {
+    const hex = lone[0].charCodeAt(0).toString(16);
+    throw new DeriveError(`a string has a lone surrogate (\\u${hex}); it is not Unicode text`);
+  }
+  return JSON.stringify(s); // escapes as RFC 8785 requires
+}
+
 /** RFC 8785 (JCS) serialisation of a JSON value. */
 export function canonical(value) {
   if (value === null) return "null";
@@ -36,14 +47,14 @@ export function canonical(value) {
     case "bigint":
       throw new DeriveError(`integer ${value} is beyond 2^53; JCS cannot carry it exactly (send it as a string)`);
     case "string":
-      return JSON.stringify(value); // escapes as RFC 8785 requires, lone surrogates included
+      return string(value);
     case "object":
       if (Array.isArray(value)) return "[" + value.map(canonical).join(",") + "]";
       return (
         "{" +
         Object.keys(value)
           .sort() // UTF-16 code units, as RFC 8785 requires
-          .map((k) => JSON.stringify(k) + ":" + canonical(value[k]))
+          .map((k) => string(k) + ":" + canonical(value[k]))
           .join(",") +
         "}"
       );

@@ -71,7 +71,7 @@ def _es_string(s):
         elif c < 0x20:
             out.append({8: "\\b", 9: "\\t", 10: "\\n", 12: "\\f", 13: "\\r"}.get(c, "\\u%04x" % c))
         elif 0xD800 <= c <= 0xDFFF:
-            out.append("\\u%04x" % c)  # a lone surrogate, as JSON.stringify writes it
+            raise DeriveError("a string has a lone surrogate (\\u%04x); it is not Unicode text" % c)
         else:
             out.append(ch)
     out.append('"')

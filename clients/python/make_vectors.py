@@ -50,6 +50,9 @@ INPUTS = [
     ("deeply nested", S, T, '{"a":[[[[[{"b":[[]]}]]]]]}', 0, None),
     ("floats", S, T, '{"price":19.99,"ratio":0.3333333333333333,"neg":-1.5e-10}', 0, None),
     ("booleans and null", S, T, '{"t":true,"f":false,"n":null}', 0, None),
+    ("a lone high surrogate is an error", S, T, '{"x":"\\ud800"}', 0, "lone surrogate"),
+    ("a lone low surrogate is an error", S, T, '{"x":"\\udc00x"}', 0, "lone surrogate"),
+    ("a lone surrogate in a member name is an error", S, T, '{"\\udbff":1}', 0, "lone surrogate"),
 ]
 
 
@@ -64,8 +67,8 @@ def main():
             v["canonical"] = idem_key.canonical_bytes(scope, tool, args, ordinal).decode("utf-8", "surrogatepass")
             v["key"] = idem_key.derive(scope, tool, args, ordinal, secret)
         except idem_key.DeriveError as e:
-            v["error"] = "beyond 2^53"
-            assert "beyond 2^53" in str(e), (name, e)
+            v["error"] = "lone surrogate" if "lone surrogate" in str(e) else "beyond 2^53"
+            assert v["error"] in str(e), (name, e)
         if isinstance(extra, str):
             assert "error" in v, name
         vectors.append(v)

@@ -64,12 +64,43 @@ async fn charge(
         .into_response()
 }
 
+/// A body that sends a few bytes, then nothing, ever.
+struct Stalls(bool);
+
+impl http_body::Body for Stalls {
+    type Data = Bytes;
+    type Error = std::convert::Infallible;
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        _: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<http_body::Frame<Bytes>, Self::Error>>> {
+        if self.0 {
+            std::task::Poll::Pending
+        } else {
+            self.0 = true;
+            std::task::Poll::Ready(Some(Ok(http_body::Frame::data(Bytes::from_static(
+                b"{\"charge_id\"",
+            )))))
+        }
+    }
+}
+
+async fn stall(State(up): State<Upstream>) -> axum::response::Response {
+    up.0.fetch_add(1, Ordering::SeqCst);
+    axum::response::Response::builder()
+        .status(201)
+        .header("content-length", "100")
+        .body(axum::body::Body::new(Stalls(false)))
+        .unwrap_or_else(|e| panic!("{e}"))
+}
+
 async fn start_upstream() -> (SocketAddr, Upstream) {
     let up = Upstream::default();
     let app = Router::new()
         .route("/v1/charges", post(charge))
         .route("/v1/other", post(charge))
         .route("/v1/read", get(charge))
+        .route("/v1/stall", post(stall))
         .with_state(up.clone());
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
@@ -631,4 +662,53 @@ async fn a_store_that_cannot_write_fails_closed() {
         created,
         "the upstream executed a request the store could not record ({created} created, {unavailable} refused)"
     );
+}
+
+/// An upstream that sends its headers and then stalls mid-body is an unknown outcome at the
+/// upstream deadline, like one that never answers: the key is not held forever.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_body_that_stalls_is_an_unknown_outcome_at_the_deadline() {
+    let (up_addr, up) = start_upstream().await;
+    let g = start_gateway(&format!("http://{up_addr}"), "");
+    let r = send(
+        g.addr,
+        "POST",
+        "/v1/stall",
+        &[("idempotency-key", "stall")],
+        BODY,
+    )
+    .await;
+    assert_eq!(r.status, 502, "{}", r.body);
+    let retry = send(
+        g.addr,
+        "POST",
+        "/v1/stall",
+        &[("idempotency-key", "stall")],
+        BODY,
+    )
+    .await;
+    assert_eq!(
+        (retry.status, retry.problem_type().as_str()),
+        (409, "urn:idem:problem:outcome-unknown")
+    );
+    assert_eq!(up.0.load(Ordering::SeqCst), 1);
+}
+
+/// A client that hangs up mid-request does not cancel the execution: the answer is stored,
+/// and the retry with the same key replays it instead of finding an unknown outcome.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_hanging_up_does_not_abandon_the_execution() {
+    let (up_addr, up) = start_upstream().await;
+    let g = start_gateway(&format!("http://{up_addr}"), "");
+    let hung_up = tokio::time::timeout(
+        Duration::from_millis(200),
+        charge_with(&g, "hangup", &[("x-sleep-ms", "700")], BODY),
+    )
+    .await;
+    assert!(hung_up.is_err(), "the client was meant to give up first");
+    tokio::time::sleep(Duration::from_millis(900)).await;
+    let retry = charge_with(&g, "hangup", &[], BODY).await;
+    assert_eq!(retry.status, 201, "{}", retry.body);
+    assert!(retry.replayed());
+    assert_eq!(up.0.load(Ordering::SeqCst), 1);
 }

@@ -222,7 +222,9 @@ impl<T: Transport> ToolClient<T> {
                 Err(_) => None,
             };
             let delay = self.retry.delay(number, retry_after);
-            if number >= self.retry.max_attempts || start.elapsed() + delay > self.retry.max_total {
+            if number >= self.retry.max_attempts
+                || start.elapsed().saturating_add(delay) > self.retry.max_total
+            {
                 self.observe(intent, &key, number, outcome, None);
                 let (last, response) = match result {
                     Ok(r) => (format!("status {}", r.status), Some(r)),

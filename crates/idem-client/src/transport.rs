@@ -64,7 +64,10 @@ impl HttpTransport {
     /// Calls tools under `base` (e.g. `http://127.0.0.1:8080/tools`), each attempt bounded by
     /// `timeout`.
     pub fn new(base: impl Into<String>, timeout: Duration) -> Result<Self, TransportError> {
+        // Redirects are not followed: a connect failure on a redirect target would look like
+        // "not sent" for a request that was executed.
         let client = reqwest::Client::builder()
+            .redirect(reqwest::redirect::Policy::none())
             .timeout(timeout)
             .build()
             .map_err(|e| TransportError::NotSent(e.to_string()))?;
@@ -78,7 +81,11 @@ impl HttpTransport {
 fn retry_after(headers: &reqwest::header::HeaderMap) -> Option<Duration> {
     let v = headers.get(reqwest::header::RETRY_AFTER)?.to_str().ok()?;
     // Seconds only; an HTTP date is rare from APIs and is then treated as absent.
-    v.trim().parse::<u64>().ok().map(Duration::from_secs)
+    // Capped at a day: the retry policy's total bound decides anyway.
+    v.trim()
+        .parse::<u64>()
+        .ok()
+        .map(|s| Duration::from_secs(s.min(86_400)))
 }
 
 impl Transport for HttpTransport {

@@ -101,8 +101,65 @@ pub fn canonical_json(value: &serde_json::Value) -> Vec<u8> {
 /// (a duplicate member name, or a number of magnitude 2^53 or more).
 pub fn canonical_json_bytes(text: &[u8]) -> Option<Vec<u8>> {
     let _: IJson = serde_json::from_slice(text).ok()?;
+    if !numbers_survive_doubles(text) {
+        return None;
+    }
     let value: serde_json::Value = serde_json::from_slice(text).ok()?;
     Some(canonical_json(&value))
+}
+
+/// Whether every number literal in `text` is the shortest form of its double, up to layout:
+/// `0.1`, `1.50`, `2e-3` are; `1.00000000000000001` (which is the double 1) is not. JCS writes
+/// doubles, so a body whose decimals carry more precision than a double would fingerprint
+/// like another body with another amount; such a body is hashed raw instead.
+fn numbers_survive_doubles(text: &[u8]) -> bool {
+    let mut i = 0;
+    while i < text.len() {
+        match text[i] {
+            b'"' => {
+                i += 1;
+                while i < text.len() && text[i] != b'"' {
+                    i += if text[i] == b'\\' { 2 } else { 1 };
+                }
+                i += 1;
+            }
+            b'-' | b'0'..=b'9' => {
+                let start = i;
+                while i < text.len()
+                    && matches!(text[i], b'-' | b'+' | b'.' | b'e' | b'E' | b'0'..=b'9')
+                {
+                    i += 1;
+                }
+                let literal = String::from_utf8_lossy(&text[start..i]);
+                let Ok(v) = literal.parse::<f64>() else {
+                    return false;
+                };
+                if decimal_form(&literal) != decimal_form(&format!("{:e}", v)) {
+                    return false;
+                }
+            }
+            _ => i += 1,
+        }
+    }
+    true
+}
+
+/// A decimal literal as (significant digits, point) with value 0.DIGITS x 10^point; zero is
+/// ("", 0). Sign is ignored (it survives doubles).
+fn decimal_form(literal: &str) -> (String, i64) {
+    let s = literal.trim_start_matches(['-', '+']);
+    let (mantissa, exp) = match s.find(['e', 'E']) {
+        Some(i) => (&s[..i], s[i + 1..].parse::<i64>().unwrap_or(0)),
+        None => (s, 0),
+    };
+    let (int, frac) = mantissa.split_once('.').unwrap_or((mantissa, ""));
+    let all = format!("{int}{frac}");
+    let lead = all.len() - all.trim_start_matches('0').len();
+    let digits = all.trim_start_matches('0').trim_end_matches('0').to_owned();
+    if digits.is_empty() {
+        return (String::new(), 0);
+    }
+    (digits, int.len() as i64 - lead as i64 + exp)
 }
 
 /// 2^53: from here on, not every integer is a distinct IEEE double.
@@ -355,6 +412,29 @@ mod tests {
             call(1_850_026_147_163_422_722)
         );
         assert_eq!(call(42), call(42));
+    }
+
+    #[test]
+    fn decimals_a_double_cannot_hold_are_hashed_raw() {
+        let amount = |a: &str| {
+            Fingerprint::http(
+                "POST",
+                "/c",
+                JSON,
+                format!(r#"{{"amount":{a}}}"#).as_bytes(),
+            )
+        };
+        assert_ne!(amount("1"), amount("1.00000000000000001"));
+        assert_ne!(amount("0.1"), amount("0.1000000000000000000000001"));
+        // Same number, other layout: still the same request.
+        assert_eq!(amount("10.1"), amount("10.10"));
+        assert_eq!(amount("0.002"), amount("2e-3"));
+        assert_eq!(amount("1"), amount("1.0"));
+        assert_eq!(amount("-0.5"), amount("-5E-1"));
+        assert_eq!(decimal_form("0"), (String::new(), 0));
+        assert_eq!(decimal_form("123.4500"), ("12345".into(), 3));
+        assert_eq!(decimal_form("0.00120"), ("12".into(), -2));
+        assert_eq!(decimal_form("1.5e-7"), ("15".into(), -6));
     }
 
     #[test]

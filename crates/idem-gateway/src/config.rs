@@ -248,6 +248,10 @@ impl Settings {
             ),
             _ => bail!("upstream {upstream_text:?} must look like http://host:port"),
         }
+        let upstream_timeout = file.timeouts.upstream.unwrap_or(Duration::from_secs(30));
+        if upstream_timeout.is_zero() {
+            bail!("timeouts.upstream must be more than 0s");
+        }
         let lease = file.timeouts.lease.unwrap_or(Duration::from_secs(30));
         if lease < Duration::from_millis(100) {
             bail!("timeouts.lease must be at least 100ms");
@@ -285,6 +289,10 @@ impl Settings {
             // A route that requires keys rejects unknown outcomes unless told otherwise (§5).
             let route_base = RoutePolicy {
                 require_key: true,
+                engine: Policy {
+                    on_abandoned: AbandonedPolicy::Reject,
+                    ..default.engine.clone()
+                },
                 ..default.clone()
             };
             routes = routes.route(method, pattern, route_policy(r, &route_base, &where_)?);
@@ -324,7 +332,7 @@ impl Settings {
                     .unwrap_or_else(|| idem_http::DEFAULT_PROBLEM_BASE.to_owned()),
                 ..idem_http::Config::default()
             },
-            upstream_timeout: file.timeouts.upstream.unwrap_or(Duration::from_secs(30)),
+            upstream_timeout,
             shutdown_timeout: file.timeouts.shutdown.unwrap_or(Duration::from_secs(10)),
             admin_listen: over.admin_listen.or(file.admin.listen).unwrap_or(loopback),
             admin_token,
@@ -404,6 +412,28 @@ mod tests {
         );
         assert!(
             err("upstream = \"http://x:1\"\n[timeouts]\nupstream = \"soon\"").contains("invalid")
+        );
+    }
+
+    #[test]
+    fn key_routes_reject_unknown_outcomes_even_if_defaults_retry() {
+        let s = parse("upstream = \"http://x:1\"\n[defaults]\non_abandoned = \"retry\"\n[[routes]]\npath = \"/c\"")
+            .unwrap_or_else(|e| panic!("{e:#}"));
+        assert_eq!(
+            s.layer
+                .routes
+                .policy_for(&Method::POST, "/c")
+                .engine
+                .on_abandoned,
+            AbandonedPolicy::Reject
+        );
+        assert_eq!(
+            s.layer
+                .routes
+                .policy_for(&Method::POST, "/x")
+                .engine
+                .on_abandoned,
+            AbandonedPolicy::Retry
         );
     }
 

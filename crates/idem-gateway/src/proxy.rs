@@ -137,7 +137,10 @@ impl Proxy {
         let headers = req.headers_mut();
         strip_hop_by_hop(headers);
         // The upstream sees its own authority as Host, and the original in X-Forwarded-Host.
+        // What a client claims about forwarding is not passed on as if the gateway said it.
         headers.remove(header::HOST);
+        headers.remove(header::FORWARDED);
+        headers.remove("x-forwarded-host");
         if let Some(host) = original_host {
             headers.insert("x-forwarded-host", host);
         }
@@ -153,11 +156,18 @@ impl Proxy {
         }
         headers.insert("x-forwarded-proto", HeaderValue::from_static("http"));
 
-        match tokio::time::timeout(self.timeout, self.client.request(req)).await {
+        let deadline = tokio::time::Instant::now() + self.timeout;
+        match tokio::time::timeout_at(deadline, self.client.request(req)).await {
             Ok(Ok(resp)) => {
                 let (mut parts, body) = resp.into_parts();
                 strip_hop_by_hop(&mut parts.headers);
-                Response::from_parts(parts, body.map_err(Into::into).boxed_unsync())
+                // The timeout covers the whole exchange: a body that stalls after the headers
+                // fails at the same deadline, and the layer marks the outcome unknown.
+                let body = Deadline {
+                    inner: body,
+                    sleep: Box::pin(tokio::time::sleep_until(deadline)),
+                };
+                Response::from_parts(parts, body.boxed_unsync())
             }
             // Nothing reached the upstream: a retry is safe, so the key is released.
             Ok(Err(e)) if e.is_connect() => self.failure(
@@ -180,6 +190,41 @@ impl Proxy {
                 Executed::Unknown,
             ),
         }
+    }
+}
+
+/// A response body that fails once `sleep` ends.
+struct Deadline<B> {
+    inner: B,
+    sleep: Pin<Box<tokio::time::Sleep>>,
+}
+
+impl<B> http_body::Body for Deadline<B>
+where
+    B: http_body::Body<Data = Bytes> + Unpin,
+    B::Error: Into<idem_http::BoxError>,
+{
+    type Data = Bytes;
+    type Error = idem_http::BoxError;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<http_body::Frame<Bytes>, Self::Error>>> {
+        if self.sleep.as_mut().poll(cx).is_ready() {
+            return Poll::Ready(Some(Err(
+                "the upstream's response body did not arrive in time".into(),
+            )));
+        }
+        Pin::new(&mut self.inner).poll_frame(cx).map_err(Into::into)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.inner.size_hint()
     }
 }
 

@@ -91,12 +91,10 @@ pub async fn serve<St: Store + Clone>(
             () = &mut shutdown => break,
         };
         let _ = stream.set_nodelay(true);
-        let svc = service
-            .clone()
-            .map_request(move |mut req: http::Request<Incoming>| {
-                req.extensions_mut().insert(ClientAddr(peer));
-                req
-            });
+        let svc = Detached(service.clone()).map_request(move |mut req: http::Request<Incoming>| {
+            req.extensions_mut().insert(ClientAddr(peer));
+            req
+        });
         let conn = builder.serve_connection(TokioIo::new(stream), TowerToHyperService::new(svc));
         let conn = graceful.watch(conn);
         tokio::spawn(async move {
@@ -115,6 +113,50 @@ pub async fn serve<St: Store + Clone>(
     let _ = admin_task.await;
     purge_task.abort();
     Ok(())
+}
+
+/// Runs each request in a task of its own, so a client that hangs up does not cancel an
+/// execution already under way: the upstream's answer is still stored and a retry with the
+/// same key replays it, instead of finding the record abandoned.
+#[derive(Clone)]
+struct Detached<S>(S);
+
+impl<S, Req> tower::Service<Req> for Detached<S>
+where
+    S: tower::Service<
+            Req,
+            Response = http::Response<idem_http::Body>,
+            Error = std::convert::Infallible,
+        >,
+    S::Future: Send + 'static,
+{
+    type Response = http::Response<idem_http::Body>;
+    type Error = std::convert::Infallible;
+    type Future =
+        std::pin::Pin<Box<dyn Future<Output = Result<Self::Response, Self::Error>> + Send>>;
+
+    fn poll_ready(
+        &mut self,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), Self::Error>> {
+        self.0.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: Req) -> Self::Future {
+        let task = tokio::spawn(self.0.call(req));
+        Box::pin(async move {
+            match task.await {
+                Ok(answer) => answer,
+                Err(e) => {
+                    // A panic in the layer or the proxy: the record is left to become abandoned.
+                    tracing::error!(error = %e, "request task failed");
+                    let mut resp = http::Response::new(idem_http::Body::default());
+                    *resp.status_mut() = http::StatusCode::INTERNAL_SERVER_ERROR;
+                    Ok(resp)
+                }
+            }
+        })
+    }
 }
 
 /// Deletes expired records every `interval`, `batch` per transaction, until none is due.

@@ -27,6 +27,9 @@ pub struct Config {
     /// How often a waiting duplicate re-reads the store when the first request runs in
     /// another process (in this process it is woken instead).
     pub poll_interval: Duration,
+    /// The most of a response the layer buffers. A larger response cannot be stored or
+    /// returned whole: the client gets 502 and the outcome is marked unknown.
+    pub max_response_bytes: usize,
 }
 
 impl Default for Config {
@@ -36,6 +39,7 @@ impl Default for Config {
             scope_headers: vec![AUTHORIZATION],
             problem_base: DEFAULT_PROBLEM_BASE.to_owned(),
             poll_interval: Duration::from_millis(25),
+            max_response_bytes: 64 * 1024 * 1024,
         }
     }
 }

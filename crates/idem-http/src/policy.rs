@@ -154,6 +154,45 @@ impl fmt::Display for PathPattern {
     }
 }
 
+/// A path as routes see it: unreserved percent-escapes decoded (RFC 3986 §6.2.2.2), `;params`
+/// dropped from each segment, empty and `.` segments removed, `..` applied.
+pub fn normalize(path: &str) -> String {
+    let mut out: Vec<String> = Vec::new();
+    for raw in path.split('/') {
+        let seg = raw.split(';').next().unwrap_or("");
+        let seg = decode_unreserved(seg);
+        match seg.as_str() {
+            "" | "." => {}
+            ".." => {
+                out.pop();
+            }
+            _ => out.push(seg),
+        }
+    }
+    format!("/{}", out.join("/"))
+}
+
+fn decode_unreserved(seg: &str) -> String {
+    let b = seg.as_bytes();
+    let mut out = String::with_capacity(seg.len());
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'%'
+            && let Some(h) = b.get(i + 1..i + 3)
+            && let Ok(v) = u8::from_str_radix(&String::from_utf8_lossy(h), 16)
+            && (v.is_ascii_alphanumeric() || matches!(v, b'-' | b'.' | b'_' | b'~'))
+        {
+            out.push(char::from(v));
+            i += 3;
+            continue;
+        }
+        out.push(char::from(b[i]));
+        i += 1;
+    }
+    // Only ASCII bytes were pushed one by one when the input was ASCII; keep others intact.
+    if seg.is_ascii() { out } else { seg.to_owned() }
+}
+
 /// One route: a method (or any) and a pattern.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Route {
@@ -191,11 +230,14 @@ impl Routes {
         self
     }
 
-    /// The policy for a request.
+    /// The policy for a request. The path is normalised first, so that spellings an
+    /// upstream would treat as the same resource (`/v1//charges`, `/v1/./charges`,
+    /// `/v1/%63harges`, `/v1/charges;x=1`) cannot dodge a route's policy.
     pub fn policy_for(&self, method: &Method, path: &str) -> &RoutePolicy {
+        let path = normalize(path);
         self.routes
             .iter()
-            .find(|r| r.method.as_ref().is_none_or(|m| m == method) && r.path.matches(path))
+            .find(|r| r.method.as_ref().is_none_or(|m| m == method) && r.path.matches(&path))
             .map_or(&self.default, |r| &r.policy)
     }
 
@@ -226,6 +268,34 @@ mod tests {
         assert!(!p("/v1/*").matches("/v2/a"));
         assert!(p("/*").matches("/anything/at/all"));
         assert!(p("/").matches("/"));
+    }
+
+    #[test]
+    fn equivalent_spellings_cannot_dodge_a_route() {
+        let routes = Routes::default().route(
+            Some(Method::POST),
+            p("/v1/charges"),
+            RoutePolicy::requiring_key(),
+        );
+        for path in [
+            "/v1/%63harges",
+            "/v1//charges",
+            "//v1/charges",
+            "/v1/./charges",
+            "/v1/x/../charges",
+            "/v1/charges//",
+            "/v1/charges;x=1",
+            "/v1/charges/.",
+        ] {
+            assert!(routes.policy_for(&Method::POST, path).require_key, "{path}");
+        }
+        assert!(
+            !routes
+                .policy_for(&Method::POST, "/v1/charges%2Fx")
+                .require_key
+        );
+        assert_eq!(normalize("/a/%7Euser/../b"), "/a/b");
+        assert_eq!(normalize(""), "/");
     }
 
     #[test]

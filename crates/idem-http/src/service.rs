@@ -263,8 +263,10 @@ impl<St: Store> Shared<St> {
         );
         let deadline = policy.wait.map(|w| Instant::now() + w);
 
-        let mut request = Some(Request::from_parts(parts, full(body)));
-        let mut inner = Some(inner);
+        // The request and the service wait here until an attempt acquires the key: a duplicate
+        // that waited and then finds the key free executes with them.
+        let work: Slot<(S, Request<Body>)> = Slot::default();
+        work.put((inner, Request::from_parts(parts, full(body))));
         loop {
             // Listen before claiming, so a finish between the claim and the wait is not missed.
             // Only routes that wait need to know about executions in this process.
@@ -277,15 +279,16 @@ impl<St: Store> Shared<St> {
             });
             let unstored: Slot<Result<Response<Bytes>, E>> = Slot::default();
             let running: Slot<Running> = Slot::default();
+            let max_response = self.config.max_response_bytes;
             let effect = {
                 let (waiters, scope, key) = (self.waiters.clone(), scope.clone(), key.clone());
                 let (unstored, running) = (unstored.clone(), running.clone());
-                let (req, svc) = (request.take(), inner.take());
+                let work = work.clone();
                 move || {
                     if waits {
                         running.put(waiters.executing(&scope, &key));
                     }
-                    execute(svc, req, unstored)
+                    execute(work.take(), unstored, max_response)
                 }
             };
             let answer = self
@@ -385,9 +388,9 @@ impl<St: Store> Shared<St> {
 /// Calls the inner service once and reports what happened to the engine. Responses that are
 /// not to be stored (and errors) go back to the caller through `unstored`.
 async fn execute<S, F, E, ResBody>(
-    svc: Option<S>,
-    req: Option<Request<Body>>,
+    work: Option<(S, Request<Body>)>,
     unstored: Slot<Result<Response<Bytes>, E>>,
+    max_response: usize,
 ) -> Effect
 where
     S: Service<Request<Body>, Response = Response<ResBody>, Future = F, Error = E>,
@@ -395,9 +398,14 @@ where
     ResBody: http_body::Body<Data = Bytes> + Send + 'static,
     ResBody::Error: Into<BoxError>,
 {
-    // The engine runs the effect at most once per handle(); both are always present.
-    let (Some(mut svc), Some(req)) = (svc, req) else {
-        return Effect::NotSent;
+    // The engine runs the effect at most once per request, so the work is always there; if
+    // it were not, the key must not be released as if nothing could have happened.
+    let Some((mut svc, req)) = work else {
+        tracing::error!("internal: an acquired key found no request to execute");
+        let mut failed = Response::new(Bytes::from_static(b""));
+        *failed.status_mut() = StatusCode::INTERNAL_SERVER_ERROR;
+        unstored.put(Ok(failed));
+        return Effect::Unknown;
     };
     let resp = match svc.call(req).await {
         Ok(resp) => resp,
@@ -409,11 +417,10 @@ where
     };
     let marker = resp.extensions().get::<Executed>().copied();
     let (parts, body) = resp.into_parts();
-    let bytes = match body.collect().await {
+    let bytes = match Limited::new(body, max_response).collect().await {
         Ok(c) => c.to_bytes(),
         Err(e) => {
-            let e: BoxError = e.into();
-            tracing::error!(error = %e, "the response body failed midway; outcome unknown");
+            tracing::error!(error = %e, "the response body failed midway or was over max_response_bytes; outcome unknown");
             let mut failed = Response::new(Bytes::from_static(b""));
             *failed.status_mut() = StatusCode::BAD_GATEWAY;
             unstored.put(Ok(failed));

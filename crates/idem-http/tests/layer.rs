@@ -500,3 +500,34 @@ async fn a_hundred_concurrent_duplicates_execute_once_on_sqlite() {
     assert_eq!(bodies.len(), 1, "replays differ from the original");
     assert_eq!(executed + replayed + conflict, 100);
 }
+
+/// A duplicate that waited while the first attempt ran, and then finds the key released (the
+/// first got 503), executes itself: it still has its request.
+#[tokio::test]
+async fn a_waiting_duplicate_executes_when_the_first_attempt_released_the_key() {
+    let policy = RoutePolicy {
+        wait: Some(Duration::from_secs(5)),
+        ..RoutePolicy::requiring_key()
+    };
+    let (app, count) = app(MemoryStore::new(), policy);
+    let first = {
+        let app = app.clone();
+        tokio::spawn(async move {
+            send(
+                &app,
+                post_req("/v1/charges", Some("k"), BODY)
+                    .header("x-sleep-ms", 300)
+                    .header("x-status", 503),
+                BODY,
+            )
+            .await
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let dup = send(&app, post_req("/v1/charges", Some("k"), BODY), BODY).await;
+    let first = first.await.unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(first.status, StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(dup.status, StatusCode::CREATED, "{}", dup.body);
+    assert!(!dup.replayed());
+    assert_eq!(count.get(), 2);
+}
