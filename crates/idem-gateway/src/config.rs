@@ -10,6 +10,7 @@
 //! [limits]
 //! max_body_bytes = 1048576          # request bodies are buffered to fingerprint them
 //! max_stored_body_bytes = 1048576   # larger responses are kept as a digest
+//! max_response_bytes = 67108864     # larger responses: 502 and outcome unknown
 //!
 //! [timeouts]
 //! upstream = "30s"                  # sent but no answer by then: 504, outcome unknown
@@ -82,6 +83,8 @@ pub struct Limits {
     pub max_body_bytes: Option<usize>,
     /// Stored response body bound.
     pub max_stored_body_bytes: Option<usize>,
+    /// The most of an upstream response buffered for a keyed request.
+    pub max_response_bytes: Option<usize>,
 }
 
 /// `[timeouts]`.
@@ -330,6 +333,10 @@ impl Settings {
                 problem_base: file
                     .problem_base
                     .unwrap_or_else(|| idem_http::DEFAULT_PROBLEM_BASE.to_owned()),
+                max_response_bytes: file
+                    .limits
+                    .max_response_bytes
+                    .unwrap_or(idem_http::Config::default().max_response_bytes),
                 ..idem_http::Config::default()
             },
             upstream_timeout,

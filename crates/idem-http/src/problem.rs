@@ -43,6 +43,9 @@ pub enum Problem {
     },
     /// 503: the store could not be used; nothing was executed.
     StoreUnavailable,
+    /// 502: the service's response broke off, or was over the buffer bound: the effect may
+    /// have happened, so the key is marked outcome-unknown.
+    ResponseFailed,
 }
 
 impl Problem {
@@ -58,6 +61,7 @@ impl Problem {
             Problem::OutcomeUnknown => "outcome-unknown",
             Problem::ResponseTooLarge { .. } => "response-too-large",
             Problem::StoreUnavailable => "store-unavailable",
+            Problem::ResponseFailed => "response-failed",
         }
     }
 
@@ -73,6 +77,7 @@ impl Problem {
                 StatusCode::CONFLICT
             }
             Problem::StoreUnavailable => StatusCode::SERVICE_UNAVAILABLE,
+            Problem::ResponseFailed => StatusCode::BAD_GATEWAY,
         }
     }
 
@@ -87,6 +92,7 @@ impl Problem {
             Problem::OutcomeUnknown => "Outcome of the request with this Idempotency-Key unknown",
             Problem::ResponseTooLarge { .. } => "Stored response too large to replay",
             Problem::StoreUnavailable => "Idempotency store unavailable",
+            Problem::ResponseFailed => "Response failed",
         }
     }
 
@@ -101,6 +107,7 @@ impl Problem {
             Problem::OutcomeUnknown => "An earlier attempt with this key started but did not finish, so whether its effect happened is unknown. It was not retried automatically; an operator must resolve the key (idem resolve).".into(),
             Problem::ResponseTooLarge { status, len, .. } => format!("The request was executed (status {status}), but its {len}-byte response was over the size bound, so only its digest was kept."),
             Problem::StoreUnavailable => "The idempotency store could not be reached, so the request was not executed. Retry with the same key.".into(),
+            Problem::ResponseFailed => "The response broke off midway, did not arrive in time, or was too large to buffer. The request may have been executed, so the key is marked outcome-unknown until an operator resolves it.".into(),
         }
     }
 

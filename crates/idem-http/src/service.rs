@@ -280,6 +280,7 @@ impl<St: Store> Shared<St> {
             let unstored: Slot<Result<Response<Bytes>, E>> = Slot::default();
             let running: Slot<Running> = Slot::default();
             let max_response = self.config.max_response_bytes;
+            let problem_base = self.config.problem_base.clone();
             let effect = {
                 let (waiters, scope, key) = (self.waiters.clone(), scope.clone(), key.clone());
                 let (unstored, running) = (unstored.clone(), running.clone());
@@ -288,7 +289,7 @@ impl<St: Store> Shared<St> {
                     if waits {
                         running.put(waiters.executing(&scope, &key));
                     }
-                    execute(work.take(), unstored, max_response)
+                    execute(work.take(), unstored, max_response, problem_base)
                 }
             };
             let answer = self
@@ -391,6 +392,7 @@ async fn execute<S, F, E, ResBody>(
     work: Option<(S, Request<Body>)>,
     unstored: Slot<Result<Response<Bytes>, E>>,
     max_response: usize,
+    problem_base: String,
 ) -> Effect
 where
     S: Service<Request<Body>, Response = Response<ResBody>, Future = F, Error = E>,
@@ -421,9 +423,7 @@ where
         Ok(c) => c.to_bytes(),
         Err(e) => {
             tracing::error!(error = %e, "the response body failed midway or was over max_response_bytes; outcome unknown");
-            let mut failed = Response::new(Bytes::from_static(b""));
-            *failed.status_mut() = StatusCode::BAD_GATEWAY;
-            unstored.put(Ok(failed));
+            unstored.put(Ok(Problem::ResponseFailed.to_response(&problem_base)));
             return Effect::Unknown;
         }
     };
