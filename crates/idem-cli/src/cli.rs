@@ -19,6 +19,14 @@ pub(crate) struct Cli {
 
 #[derive(Debug, Subcommand)]
 pub(crate) enum Command {
+    /// The double charge an agent's retry causes, reproduced over real HTTP and prevented.
+    ///
+    /// Runs N charge intents through a link that loses a share of responses after the payment
+    /// API acted: once with naive retries, once with keys derived at intent and the gateway
+    /// (on the embedded SQLite store) in front. Charges are counted from the API's database.
+    Demo(DemoArgs),
+    /// Run the example payment API (deliberately not idempotent) used by the demo.
+    ExampleApi(ExampleApiArgs),
     /// Run the gateway: a reverse proxy that makes an upstream's unsafe requests idempotent.
     ///
     /// Requests with an Idempotency-Key execute upstream at most once; repeats get the stored
@@ -182,4 +190,36 @@ fn socket_addr(s: &str) -> Result<std::net::SocketAddr, String> {
             "{s:?} is not IP:PORT (like 127.0.0.1:8080 or [::1]:8080; host names are not resolved)"
         )
     })
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct DemoArgs {
+    /// Charge intents per run.
+    #[arg(long, default_value_t = 200, value_parser = clap::value_parser!(u32).range(1..=100_000))]
+    pub(crate) intents: u32,
+    /// Share of responses lost on the way back, from 0 to below 1.
+    #[arg(long, default_value_t = 0.3)]
+    pub(crate) loss: f64,
+    /// Seed of the link's losses, so a run repeats.
+    #[arg(long, default_value_t = 42)]
+    pub(crate) seed: u64,
+    /// The gateway's store [default: a fresh sqlite file in the demo's directory].
+    #[arg(long, value_name = "URL")]
+    pub(crate) store: Option<String>,
+    /// Keep the payment API's databases (naive.db, keyed.db) and the store in this directory.
+    #[arg(long, value_name = "DIR")]
+    pub(crate) dir: Option<PathBuf>,
+    /// Print the figures as JSON.
+    #[arg(long)]
+    pub(crate) json: bool,
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct ExampleApiArgs {
+    /// Address to listen on.
+    #[arg(long, default_value = "127.0.0.1:3000", value_parser = socket_addr)]
+    pub(crate) listen: std::net::SocketAddr,
+    /// The SQLite file that holds the charges.
+    #[arg(long, default_value = "charges.db")]
+    pub(crate) db: PathBuf,
 }

@@ -33,6 +33,8 @@ fn main() -> ExitCode {
     };
     let result = runtime.block_on(async {
         match cli.command {
+            Command::Demo(args) => commands::demo::run(args).await,
+            Command::ExampleApi(args) => commands::demo::example_api(args).await,
             Command::Serve(args) => commands::serve::run(args).await,
             Command::Key(args) => commands::key::run(args),
             Command::Inspect(args) => commands::inspect::run(args).await,

@@ -58,6 +58,7 @@ pub trait Transport: Send + Sync {
 pub struct HttpTransport {
     client: reqwest::Client,
     base: String,
+    routes: std::collections::HashMap<String, String>,
 }
 
 impl HttpTransport {
@@ -74,7 +75,14 @@ impl HttpTransport {
         Ok(HttpTransport {
             client,
             base: base.into().trim_end_matches('/').to_owned(),
+            routes: std::collections::HashMap::new(),
         })
+    }
+
+    /// Sends `tool` to `path` under the base instead of `/{tool}`.
+    pub fn route(mut self, tool: impl Into<String>, path: impl Into<String>) -> Self {
+        self.routes.insert(tool.into(), path.into());
+        self
     }
 }
 
@@ -92,7 +100,10 @@ impl Transport for HttpTransport {
     async fn send(&self, req: Request<'_>) -> Result<Response, TransportError> {
         let mut http = self
             .client
-            .post(format!("{}/{}", self.base, req.tool))
+            .post(match self.routes.get(req.tool) {
+                Some(path) => format!("{}{path}", self.base),
+                None => format!("{}/{}", self.base, req.tool),
+            })
             .header(reqwest::header::CONTENT_TYPE, "application/json")
             .body(req.args.to_string());
         if let Some(key) = req.key {

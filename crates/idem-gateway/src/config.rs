@@ -183,11 +183,16 @@ pub struct Settings {
 pub const DEFAULT_STORE: &str = "sqlite:idem.db";
 
 impl FileConfig {
+    /// Parses configuration text.
+    pub fn parse(text: &str) -> Result<Self> {
+        Ok(toml::from_str(text)?)
+    }
+
     /// Reads and parses a file; errors name the file and the offending line.
     pub fn load(path: &Path) -> Result<Self> {
         let text = std::fs::read_to_string(path)
             .with_context(|| format!("cannot read config file {}", path.display()))?;
-        toml::from_str(&text).with_context(|| {
+        Self::parse(&text).with_context(|| {
             format!(
                 "config file {} is invalid (addresses are IP:PORT like \"127.0.0.1:8080\"; durations like \"250ms\", \"30s\", \"24h\")",
                 path.display()

@@ -1,5 +1,6 @@
 //! One module per subcommand.
 
+pub(crate) mod demo;
 pub(crate) mod gc;
 pub(crate) mod inspect;
 pub(crate) mod key;
