@@ -197,8 +197,9 @@ pub(crate) struct DemoArgs {
     /// Charge intents per run.
     #[arg(long, default_value_t = 200, value_parser = clap::value_parser!(u32).range(1..=100_000))]
     pub(crate) intents: u32,
-    /// Share of responses lost on the way back, from 0 to below 1.
-    #[arg(long, default_value_t = 0.3)]
+    /// Share of responses lost on the way back after the API acted, from 0 to 0.9 (the link
+    /// also resets a quarter as many calls before they are sent).
+    #[arg(long, default_value_t = 0.3, allow_negative_numbers = true)]
     pub(crate) loss: f64,
     /// Seed of the link's losses, so a run repeats.
     #[arg(long, default_value_t = 42)]

@@ -80,8 +80,15 @@ fn without_losses_both_runs_charge_once_per_intent() {
 
 #[test]
 fn bad_flags_are_refused() {
-    let cases: [(&[&str], &str); 3] = [
-        (&["--loss", "1.5", "--intents", "1"], "--loss"),
+    let cases: [(&[&str], &str); 4] = [
+        (
+            &["--loss", "1.5", "--intents", "1"],
+            "--loss must be from 0 to 0.9",
+        ),
+        (
+            &["--loss", "-0.1", "--intents", "1"],
+            "--loss must be from 0 to 0.9",
+        ),
         (&["--intents", "0"], "--intents"),
         (&["--store", "nope", "--intents", "1"], "no scheme"),
     ];

@@ -9,6 +9,13 @@ use crate::cli::{DemoArgs, ExampleApiArgs};
 use crate::store_url::StoreUrl;
 
 pub(crate) async fn run(args: DemoArgs) -> Result<()> {
+    if !(0.0..=idem_demo::run::MAX_LOSS).contains(&args.loss) {
+        anyhow::bail!(
+            "--loss must be from 0 to {} (the share of responses lost)",
+            idem_demo::run::MAX_LOSS
+        );
+    }
+    let given_store: Option<StoreUrl> = args.store.as_deref().map(str::parse).transpose()?;
     let (dir, keep) = match &args.dir {
         Some(d) => (d.clone(), true),
         None => (
@@ -17,8 +24,25 @@ pub(crate) async fn run(args: DemoArgs) -> Result<()> {
         ),
     };
     std::fs::create_dir_all(&dir).with_context(|| format!("cannot create {}", dir.display()))?;
-    let store_url: StoreUrl = match &args.store {
-        Some(s) => s.parse()?,
+    let result = run_in(&args, &dir, given_store).await;
+    // A temporary directory goes, whether the demo succeeded or not.
+    if !keep {
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+    result?;
+    if keep && !args.json {
+        println!("databases kept in {}", dir.display());
+    }
+    Ok(())
+}
+
+async fn run_in(
+    args: &DemoArgs,
+    dir: &std::path::Path,
+    given_store: Option<StoreUrl>,
+) -> Result<()> {
+    let store_url = match given_store {
+        Some(url) => url,
         None => {
             let path = dir.join("idem.db");
             for suffix in ["", "-wal", "-shm"] {
@@ -38,7 +62,7 @@ pub(crate) async fn run(args: DemoArgs) -> Result<()> {
         intents: args.intents,
         loss: args.loss,
         seed: args.seed,
-        dir: dir.clone(),
+        dir: dir.to_path_buf(),
         scope: format!("turn_{:06x}", stamp & 0xff_ffff),
     };
     let bar = if args.json {
@@ -61,12 +85,6 @@ pub(crate) async fn run(args: DemoArgs) -> Result<()> {
         println!("{}", serde_json::to_string_pretty(&report)?);
     } else {
         print!("{}", report.render());
-        if keep {
-            println!("databases kept in {}", dir.display());
-        }
-    }
-    if !keep {
-        let _ = std::fs::remove_dir_all(&dir);
     }
     Ok(())
 }
