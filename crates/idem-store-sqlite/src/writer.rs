@@ -321,53 +321,70 @@ fn clone_unavailable(e: &StoreError) -> StoreError {
     )
 }
 
-/// Reads the row, decides with [`machine`], writes what it says.
+/// Applies one command inside the writer's transaction.
 fn apply(
     conn: &Connection,
     cmd: &Cmd,
     now: Timestamp,
     replays: &ReplayTally,
 ) -> rusqlite::Result<Result<Done, StoreError>> {
-    let (scope, key) = match cmd {
-        Cmd::Purge { limit } => return Ok(Ok(Done::Purged(row::purge(conn, now, *limit)?))),
+    match cmd {
+        Cmd::Purge { limit } => Ok(Ok(Done::Purged(row::purge(conn, now, *limit)?))),
         Cmd::FlushReplays => {
             let tally = std::mem::take(&mut *replays.lock().unwrap_or_else(|p| p.into_inner()));
             for ((scope, key, token), n) in tally {
                 row::count_replays(conn, &scope, &key, token, n)?;
             }
-            return Ok(Ok(Done::Counted));
+            Ok(Ok(Done::Counted))
         }
-        Cmd::Claim(req) => (&req.scope, &req.key),
-        Cmd::Complete { scope, key, .. }
-        | Cmd::Release { scope, key, .. }
-        | Cmd::Extend { scope, key, .. }
-        | Cmd::Resolve { scope, key, .. } => (scope, key),
-    };
+        Cmd::Claim(req) => on_record(conn, &req.scope, &req.key, |existing| {
+            let (claim, write) = machine::claim(existing, req, now, FencingToken::random());
+            Ok((Done::Claim(claim), write))
+        }),
+        Cmd::Complete {
+            scope,
+            key,
+            token,
+            response,
+        } => on_record(conn, scope, key, |existing| {
+            machine::complete(existing, *token, response.clone(), now)
+                .map(|r| (Done::Record(r.clone()), Write::Put(r)))
+        }),
+        Cmd::Release { scope, key, token } => on_record(conn, scope, key, |existing| {
+            machine::release(existing, *token, now).map(|()| (Done::Released, Write::Delete))
+        }),
+        Cmd::Extend {
+            scope,
+            key,
+            token,
+            lease,
+        } => on_record(conn, scope, key, |existing| {
+            machine::extend(existing, *token, *lease, now)
+                .map(|r| (Done::Extended(r.lease_expires_at), Write::Put(r)))
+        }),
+        Cmd::Resolve {
+            scope,
+            key,
+            resolution,
+        } => on_record(conn, scope, key, |existing| {
+            machine::resolve(existing, resolution.clone(), now).map(|(r, w)| (Done::Resolved(r), w))
+        }),
+    }
+}
+
+/// Reads (scope, key), lets `decide` apply [`machine`] to it, writes what it says. The outer
+/// error is the database's; the inner, a refusal (or a row idem cannot read).
+fn on_record(
+    conn: &Connection,
+    scope: &Scope,
+    key: &Key,
+    decide: impl FnOnce(Option<&Record>) -> Result<(Done, Write), StoreError>,
+) -> rusqlite::Result<Result<Done, StoreError>> {
     let existing = match row::select(conn, scope, key)? {
         Ok(r) => r,
         Err(corrupt) => return Ok(Err(corrupt)),
     };
-    let existing = existing.as_ref();
-    let decided: Result<(Done, Write), StoreError> = match cmd {
-        Cmd::Claim(req) => {
-            let (claim, write) = machine::claim(existing, req, now, FencingToken::random());
-            Ok((Done::Claim(claim), write))
-        }
-        Cmd::Complete {
-            token, response, ..
-        } => machine::complete(existing, *token, response.clone(), now)
-            .map(|r| (Done::Record(r.clone()), Write::Put(r))),
-        Cmd::Release { token, .. } => {
-            machine::release(existing, *token, now).map(|()| (Done::Released, Write::Delete))
-        }
-        Cmd::Extend { token, lease, .. } => machine::extend(existing, *token, *lease, now)
-            .map(|r| (Done::Extended(r.lease_expires_at), Write::Put(r))),
-        Cmd::Resolve { resolution, .. } => {
-            machine::resolve(existing, resolution.clone(), now).map(|(r, w)| (Done::Resolved(r), w))
-        }
-        Cmd::Purge { .. } | Cmd::FlushReplays => unreachable_cmd(),
-    };
-    let (done, write) = match decided {
+    let (done, write) = match decide(existing.as_ref()) {
         Ok(d) => d,
         Err(refusal) => return Ok(Err(refusal)),
     };
@@ -376,17 +393,10 @@ fn apply(
         Write::Put(rec) => row::upsert(conn, &rec)?,
         Write::Delete => row::delete(conn, scope, key)?,
         Write::CountReplay => {
-            if let Some(r) = existing {
+            if let Some(r) = &existing {
                 row::count_replays(conn, scope, key, r.token, 1)?;
             }
         }
     }
     Ok(Ok(done))
-}
-
-/// Purge and FlushReplays return before the match that would reach here.
-fn unreachable_cmd() -> Result<(Done, Write), StoreError> {
-    Err(StoreError::Corrupt(
-        "internal: command dispatched twice".into(),
-    ))
 }
