@@ -14,6 +14,7 @@
 //! then reads as abandoned, which is safe (nothing executes twice) but needs `idem resolve`.
 
 mod error;
+pub mod columns;
 pub mod memory;
 
 use std::future::Future;

@@ -1,0 +1,23 @@
+//! idem's shared store on PostgreSQL.
+//!
+//! Many gateways (or many instances of a service) share one database: a claim is one
+//! statement that PostgreSQL's unique index makes atomic, every later write is fenced by the
+//! lease's token, and time can come from the database so the instances agree on one clock.
+//! [`PgStore::claim_in`] and [`PgStore::complete_in`] run inside a transaction of the
+//! service's own, so its side effect and the record commit together (DESIGN §5).
+//!
+//! ```text
+//! postgres://user@host:5432/db?schema=idem
+//! ```
+
+mod options;
+mod replays;
+mod schema;
+mod sql;
+mod store;
+mod transactional;
+
+pub use options::{DEFAULT_SCHEMA, PgOptions, PgUrlError};
+pub use schema::SCHEMA_VERSION;
+pub use store::PgStore;
+pub use transactional::TxClaim;

@@ -1,0 +1,177 @@
+//! The statements, written once per schema, and rows read back into records.
+//!
+//! Every statement takes the time as its first parameter: a number from an injected clock,
+//! or NULL to read the database's own clock, so all gateways agree on when a lease ends.
+
+use idem_core::store::columns::Columns;
+use idem_core::{Record, StoreError, Timestamp};
+use tokio_postgres::Row;
+
+/// The time inside a statement: `$1`, or the database's clock when it is NULL.
+const NOW: &str =
+    "SELECT COALESCE($1::bigint, (extract(epoch FROM clock_timestamp()) * 1000)::bigint) AS now";
+
+/// `now + ms`, saturating at the largest bigint ("never") instead of failing the statement.
+fn plus(now: &str, ms: &str) -> String {
+    format!(
+        "(CASE WHEN {ms} > 9223372036854775807 - {now} THEN 9223372036854775807 ELSE {now} + {ms} END)"
+    )
+}
+
+/// The statements over one schema.
+#[derive(Debug)]
+pub(crate) struct Sql {
+    pub(crate) claim: String,
+    pub(crate) complete: String,
+    pub(crate) release: String,
+    pub(crate) extend: String,
+    pub(crate) get: String,
+    pub(crate) get_for_update: String,
+    pub(crate) put: String,
+    pub(crate) delete: String,
+    pub(crate) purge: String,
+    pub(crate) count_replays: String,
+}
+
+impl Sql {
+    pub(crate) fn new(schema: &str) -> Self {
+        let t = format!("{schema}.records");
+        Sql {
+            // One statement (DESIGN: the claim is atomic). `cur` reads what is there in the
+            // statement's snapshot; the INSERT runs only when that is absent, expired, or an
+            // abandoned record the retry policy may take over, so a replay writes nothing.
+            // The unique index settles racing inserts, and ON CONFLICT re-checks the
+            // takeover condition against the newest committed row. When a race leaves the
+            // snapshot behind the row, the statement returns no row or a row whose state
+            // says "acquire" without `acquired`, and the caller runs it again on a fresh
+            // snapshot.
+            claim: format!(
+                r#"WITH t AS ({NOW}),
+cur AS (SELECT r.* FROM {t} r WHERE r.scope = $2 AND r.key = $3),
+ins AS (
+  INSERT INTO {t} AS r (scope, key, fingerprint, token, created_at, acquired_at, lease_expires_at,
+      completed_at, completed_by, expires_at, retention_ms, attempts, replays, response)
+  SELECT $2, $3, $4, $5, t.now, t.now, {lease}, NULL, NULL, 9223372036854775807, $7, 1, 0, NULL
+  FROM t
+  WHERE NOT EXISTS (
+    SELECT 1 FROM cur WHERE cur.expires_at > t.now
+      AND NOT (cur.completed_at IS NULL AND cur.lease_expires_at <= t.now
+               AND cur.fingerprint = $4 AND $8::boolean))
+  ON CONFLICT (scope, key) DO UPDATE SET
+    fingerprint = excluded.fingerprint,
+    token = excluded.token,
+    created_at = CASE WHEN r.expires_at <= excluded.created_at
+                      THEN excluded.created_at ELSE r.created_at END,
+    acquired_at = excluded.acquired_at,
+    lease_expires_at = excluded.lease_expires_at,
+    completed_at = NULL,
+    completed_by = NULL,
+    response = NULL,
+    expires_at = excluded.expires_at,
+    retention_ms = excluded.retention_ms,
+    attempts = CASE WHEN r.expires_at <= excluded.created_at
+                    THEN 1 ELSE LEAST(r.attempts + 1, 4294967295) END,
+    replays = CASE WHEN r.expires_at <= excluded.created_at THEN 0 ELSE r.replays END
+  WHERE r.expires_at <= excluded.created_at
+     OR (r.completed_at IS NULL AND r.lease_expires_at <= excluded.created_at
+         AND r.fingerprint = excluded.fingerprint AND $8::boolean)
+  RETURNING r.*
+)
+SELECT true AS acquired, t.now, ins.* FROM ins, t
+UNION ALL
+SELECT false, t.now, cur.* FROM cur, t WHERE NOT EXISTS (SELECT 1 FROM ins)"#,
+                lease = plus("t.now", "$6::bigint"),
+            ),
+            // Fenced: only the lease's token completes an uncompleted record. In-flight and
+            // abandoned records never expire, so no expiry test is needed here.
+            complete: format!(
+                "WITH t AS ({NOW}) UPDATE {t} r SET completed_at = t.now, completed_by = 0, \
+                 expires_at = {exp}, response = $5 FROM t \
+                 WHERE r.scope = $2 AND r.key = $3 AND r.token = $4 AND r.completed_at IS NULL \
+                 RETURNING t.now, r.*",
+                exp = plus("t.now", "r.retention_ms"),
+            ),
+            release: format!(
+                "DELETE FROM {t} r WHERE r.scope = $1 AND r.key = $2 AND r.token = $3 \
+                 AND r.completed_at IS NULL"
+            ),
+            extend: format!(
+                "WITH t AS ({NOW}) UPDATE {t} r SET lease_expires_at = {lease} FROM t \
+                 WHERE r.scope = $2 AND r.key = $3 AND r.token = $4 AND r.completed_at IS NULL \
+                 RETURNING r.lease_expires_at",
+                lease = plus("t.now", "$5::bigint"),
+            ),
+            get: format!(
+                "WITH t AS ({NOW}) SELECT t.now, r.* FROM t LEFT JOIN {t} r \
+                 ON r.scope = $2 AND r.key = $3"
+            ),
+            get_for_update: format!(
+                "WITH t AS ({NOW}) SELECT t.now, r.* FROM t LEFT JOIN LATERAL \
+                 (SELECT * FROM {t} WHERE scope = $2 AND key = $3 FOR UPDATE) r ON true"
+            ),
+            put: format!(
+                "UPDATE {t} SET fingerprint = $3, token = $4, created_at = $5, acquired_at = $6, \
+                 lease_expires_at = $7, completed_at = $8, completed_by = $9, expires_at = $10, \
+                 retention_ms = $11, attempts = $12, replays = $13, response = $14 \
+                 WHERE scope = $1 AND key = $2"
+            ),
+            delete: format!("DELETE FROM {t} WHERE scope = $1 AND key = $2"),
+            // SKIP LOCKED: gateways purging at once split the work instead of queueing.
+            purge: format!(
+                "WITH t AS ({NOW}), doomed AS ( \
+                   SELECT r.scope, r.key FROM {t} r, t \
+                   WHERE r.completed_at IS NOT NULL AND r.expires_at <= t.now \
+                   ORDER BY r.expires_at LIMIT $2 FOR UPDATE OF r SKIP LOCKED) \
+                 DELETE FROM {t} r USING doomed d WHERE r.scope = d.scope AND r.key = d.key"
+            ),
+            count_replays: format!(
+                "UPDATE {t} r SET replays = LEAST(r.replays + u.n, 4294967295) \
+                 FROM unnest($1::text[], $2::text[], $3::bigint[], $4::bigint[]) \
+                   AS u(scope, key, token, n) \
+                 WHERE r.scope = u.scope AND r.key = u.key AND r.token = u.token"
+            ),
+        }
+    }
+}
+
+pub(crate) fn unavailable(what: &str, e: impl std::fmt::Display) -> StoreError {
+    StoreError::Unavailable(format!("postgres: {what}: {e}").into())
+}
+
+fn db(e: tokio_postgres::Error) -> StoreError {
+    unavailable("read row", e)
+}
+
+/// The `now` column every statement returns.
+pub(crate) fn now_of(row: &Row) -> Result<Timestamp, StoreError> {
+    row.try_get::<_, i64>("now")
+        .map(Timestamp::from_millis)
+        .map_err(db)
+}
+
+/// The record in `row`, or `None` for a LEFT JOIN that found nothing.
+pub(crate) fn record_of(row: &Row) -> Result<Option<Record>, StoreError> {
+    let Some(scope) = row.try_get::<_, Option<String>>("scope").map_err(db)? else {
+        return Ok(None);
+    };
+    let columns = Columns {
+        scope,
+        key: row.try_get("key").map_err(db)?,
+        fingerprint: row.try_get("fingerprint").map_err(db)?,
+        token: row.try_get("token").map_err(db)?,
+        created_at: row.try_get("created_at").map_err(db)?,
+        acquired_at: row.try_get("acquired_at").map_err(db)?,
+        lease_expires_at: row.try_get("lease_expires_at").map_err(db)?,
+        completed_at: row.try_get("completed_at").map_err(db)?,
+        completed_by: row
+            .try_get::<_, Option<i16>>("completed_by")
+            .map_err(db)?
+            .map(i64::from),
+        expires_at: row.try_get("expires_at").map_err(db)?,
+        retention_ms: row.try_get("retention_ms").map_err(db)?,
+        attempts: row.try_get("attempts").map_err(db)?,
+        replays: row.try_get("replays").map_err(db)?,
+        response: row.try_get("response").map_err(db)?,
+    };
+    columns.into_record("postgres").map(Some)
+}
