@@ -1,0 +1,5 @@
+-- ARGV: now, token. Returns {'ok'} or {refusal}.
+local refused = fenced()
+if refused then return {refused} end
+redis.call('DEL', k)
+return {'ok'}

@@ -1,0 +1,112 @@
+//! Where the server is, and the few choices a deployment makes.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use idem_core::Clock;
+
+/// The key prefix used unless the URL names another.
+pub const DEFAULT_PREFIX: &str = "idem";
+
+/// How to open a [`crate::RedisStore`].
+#[derive(Debug, Clone)]
+pub struct RedisOptions {
+    /// The server, as the redis crate reads it, without idem's own `prefix` parameter.
+    pub url: String,
+    /// Every key idem writes starts with `PREFIX:`. Each test uses its own.
+    pub prefix: String,
+    /// Where time comes from. `None` (the default) reads Redis's clock inside each script.
+    pub clock: Option<Arc<dyn Clock>>,
+    /// The bound on any one operation: past it the store is unavailable and the request
+    /// fails closed, rather than hang on a dead server.
+    pub op_timeout: Duration,
+}
+
+/// Why a Redis URL was refused.
+#[derive(Debug, thiserror::Error)]
+pub enum RedisUrlError {
+    /// The redis crate refused the URL.
+    #[error("{0}")]
+    Url(#[from] redis::RedisError),
+    /// The prefix holds characters that would make keys hard to read or match.
+    #[error("prefix {0:?} must be 1 to 64 of A-Z a-z 0-9 _ - .")]
+    Prefix(String),
+}
+
+impl RedisOptions {
+    /// Parses `redis://...`, taking idem's `prefix=NAME` query parameter out first.
+    pub fn from_url(url: &str) -> Result<Self, RedisUrlError> {
+        let (rest, prefix) = take_param(url, "prefix");
+        let prefix = prefix.unwrap_or_else(|| DEFAULT_PREFIX.to_owned());
+        let ok = !prefix.is_empty()
+            && prefix.len() <= 64
+            && prefix
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b"_-.".contains(&b));
+        if !ok {
+            return Err(RedisUrlError::Prefix(prefix));
+        }
+        // Parse now, so a bad URL is refused before anything connects.
+        redis::Client::open(rest.as_str())?;
+        Ok(RedisOptions {
+            url: rest,
+            prefix,
+            clock: None,
+            op_timeout: Duration::from_secs(5),
+        })
+    }
+}
+
+/// Removes `name=value` from the URL's query; returns the URL without it and the value.
+fn take_param(url: &str, name: &str) -> (String, Option<String>) {
+    let Some((base, query)) = url.split_once('?') else {
+        return (url.to_owned(), None);
+    };
+    let mut value = None;
+    let kept: Vec<&str> = query
+        .split('&')
+        .filter(|pair| match pair.split_once('=') {
+            Some((k, v)) if k == name => {
+                value = Some(v.to_owned());
+                false
+            }
+            _ => true,
+        })
+        .collect();
+    let url = if kept.is_empty() {
+        base.to_owned()
+    } else {
+        format!("{base}?{}", kept.join("&"))
+    };
+    (url, value)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn prefix_comes_out_of_the_url() {
+        let o = RedisOptions::from_url("redis://127.0.0.1:6379/2?prefix=t-1").expect("parses");
+        assert_eq!((o.prefix.as_str(), o.url.as_str()), ("t-1", "redis://127.0.0.1:6379/2"));
+        let o = RedisOptions::from_url("redis://127.0.0.1").expect("parses");
+        assert_eq!(o.prefix, DEFAULT_PREFIX);
+    }
+
+    #[test]
+    fn refuses_bad_prefixes_and_urls() {
+        for bad in ["", "a b", "x{y}", "a:b"] {
+            assert!(
+                matches!(
+                    RedisOptions::from_url(&format!("redis://h/?prefix={bad}")),
+                    Err(RedisUrlError::Prefix(_))
+                ),
+                "{bad:?}"
+            );
+        }
+        assert!(matches!(
+            RedisOptions::from_url("redis://h:notaport"),
+            Err(RedisUrlError::Url(_))
+        ));
+    }
+}

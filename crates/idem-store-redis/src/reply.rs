@@ -1,0 +1,80 @@
+//! Script replies read back into records. A reply idem cannot read is corrupt, never guessed.
+
+use idem_core::store::columns::Columns;
+use idem_core::{Record, StoreError, Timestamp};
+use redis::Value;
+
+pub(crate) fn corrupt(what: impl std::fmt::Display) -> StoreError {
+    StoreError::Corrupt(format!("redis reply: {what}"))
+}
+
+/// The items of an array reply.
+pub(crate) fn items(v: Value) -> Result<Vec<Value>, StoreError> {
+    match v {
+        Value::Array(items) => Ok(items),
+        other => Err(corrupt(format!("expected an array, got {other:?}"))),
+    }
+}
+
+pub(crate) fn bytes(v: &Value) -> Result<&[u8], StoreError> {
+    match v {
+        Value::BulkString(b) => Ok(b),
+        Value::SimpleString(s) => Ok(s.as_bytes()),
+        other => Err(corrupt(format!("expected a string, got {other:?}"))),
+    }
+}
+
+pub(crate) fn text(v: &Value) -> Result<&str, StoreError> {
+    std::str::from_utf8(bytes(v)?).map_err(corrupt)
+}
+
+pub(crate) fn int(v: &Value) -> Result<i64, StoreError> {
+    match v {
+        Value::Int(n) => Ok(*n),
+        other => text(other)?.parse().map_err(corrupt),
+    }
+}
+
+pub(crate) fn timestamp(v: &Value) -> Result<Timestamp, StoreError> {
+    int(v).map(Timestamp::from_millis)
+}
+
+/// The record in an HGETALL reply (field, value, field, value...), or `None` when empty.
+pub(crate) fn record(v: &Value) -> Result<Option<Record>, StoreError> {
+    let Value::Array(flat) = v else {
+        return Err(corrupt(format!("expected fields, got {v:?}")));
+    };
+    if flat.is_empty() {
+        return Ok(None);
+    }
+    let field = |name: &str| -> Result<Option<&Value>, StoreError> {
+        for pair in flat.chunks(2) {
+            if let [k, v] = pair
+                && bytes(k)? == name.as_bytes()
+            {
+                return Ok(Some(v));
+            }
+        }
+        Ok(None)
+    };
+    let need = |name: &str| field(name)?.ok_or_else(|| corrupt(format!("no field {name}")));
+    let num = |name: &str| need(name).and_then(int);
+    let opt = |name: &str| field(name)?.map(int).transpose();
+    let columns = Columns {
+        scope: text(need("sc")?)?.to_owned(),
+        key: text(need("k")?)?.to_owned(),
+        fingerprint: bytes(need("fp")?)?.to_vec(),
+        token: num("tok")?,
+        created_at: num("cat")?,
+        acquired_at: num("aat")?,
+        lease_expires_at: num("lex")?,
+        completed_at: opt("comp")?,
+        completed_by: opt("by")?,
+        expires_at: opt("exp")?.unwrap_or(Timestamp::NEVER.as_millis()),
+        retention_ms: num("ret")?,
+        attempts: num("att")?,
+        replays: num("rep")?,
+        response: field("resp")?.map(bytes).transpose()?.map(<[u8]>::to_vec),
+    };
+    columns.into_record("redis").map(Some)
+}

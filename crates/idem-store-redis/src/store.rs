@@ -1,0 +1,386 @@
+//! [`RedisStore`]: the `Store` methods as Lua scripts over a multiplexed connection.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use idem_core::clock::duration_millis;
+use idem_core::{
+    AbandonedPolicy, Claim, ClaimRequest, Clock, FencingToken, Key, Lease, Record, RecordState,
+    Resolution, Scope, Stale, Store, StoreError, StoredResponse, Timestamp, machine,
+};
+use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use redis::{AsyncCommands, ScriptInvocation, Value};
+
+use crate::options::RedisOptions;
+use crate::reply::{self, corrupt};
+use crate::scripts::Scripts;
+
+/// Durations are clamped to this many milliseconds (about 35,000 years) so that `now + d`
+/// stays exact in Lua's doubles.
+const MAX_MS: i64 = 1 << 50;
+
+/// The Redis [`Store`]. Cloning shares one multiplexed connection, which reconnects by
+/// itself when the server comes back.
+#[derive(Clone)]
+pub struct RedisStore {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    con: ConnectionManager,
+    prefix: String,
+    /// The index of completed records by expiry: a sorted set of record keys.
+    index: String,
+    clock: Option<Arc<dyn Clock>>,
+    op_timeout: Duration,
+    scripts: Scripts,
+}
+
+impl fmt::Debug for RedisStore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RedisStore")
+            .field("prefix", &self.inner.prefix)
+            .finish_non_exhaustive()
+    }
+}
+
+fn unavailable(what: &str, e: impl fmt::Display) -> StoreError {
+    StoreError::Unavailable(format!("redis: {what}: {e}").into())
+}
+
+fn ms(d: Duration) -> i64 {
+    duration_millis(d).min(MAX_MS)
+}
+
+impl RedisStore {
+    /// Connects. Fails if the server cannot be reached within the operation timeout: a
+    /// gateway should not start on a store it cannot use.
+    pub async fn connect(opts: RedisOptions) -> Result<Self, StoreError> {
+        let client = redis::Client::open(opts.url.as_str()).map_err(|e| unavailable("url", e))?;
+        let config = ConnectionManagerConfig::new()
+            .set_connection_timeout(Some(opts.op_timeout))
+            .set_response_timeout(Some(opts.op_timeout))
+            .set_number_of_retries(2)
+            .set_max_delay(Duration::from_millis(500));
+        let con = tokio::time::timeout(
+            opts.op_timeout,
+            ConnectionManager::new_with_config(client, config),
+        )
+        .await
+        .map_err(|_| unavailable("connect", "timed out"))?
+        .map_err(|e| unavailable("connect", e))?;
+        let index = format!("{}:expiry", opts.prefix);
+        Ok(RedisStore {
+            inner: Arc::new(Inner {
+                con,
+                prefix: opts.prefix,
+                index,
+                clock: opts.clock,
+                op_timeout: opts.op_timeout,
+                scripts: Scripts::new(),
+            }),
+        })
+    }
+
+    /// Connects to `redis://...[?prefix=NAME]`.
+    pub async fn connect_url(url: &str) -> Result<Self, StoreError> {
+        let opts = RedisOptions::from_url(url).map_err(|e| unavailable("url", e))?;
+        Self::connect(opts).await
+    }
+
+    /// The prefix of every key this store writes.
+    pub fn prefix(&self) -> &str {
+        &self.inner.prefix
+    }
+
+    /// Deletes every key under the prefix; returns how many. For tests, and for an operator
+    /// who means it.
+    pub async fn delete_all(&self) -> Result<usize, StoreError> {
+        let mut con = self.inner.con.clone();
+        let pattern = format!("{}:*", self.inner.prefix);
+        let mut keys: Vec<String> = Vec::new();
+        {
+            let mut iter = con
+                .scan_match::<_, String>(&pattern)
+                .await
+                .map_err(|e| unavailable("scan", e))?;
+            while let Some(k) = futures_next(&mut iter).await {
+                keys.push(k.map_err(|e| unavailable("scan", e))?);
+            }
+        }
+        for chunk in keys.chunks(500) {
+            let _: () = con.del(chunk).await.map_err(|e| unavailable("del", e))?;
+        }
+        Ok(keys.len())
+    }
+
+    /// `PREFIX:r:<scope length>:<scope>:<key>`: readable in redis-cli, and unambiguous
+    /// although scopes and keys may hold colons.
+    fn record_key(&self, scope: &Scope, key: &Key) -> String {
+        format!(
+            "{}:r:{}:{}:{}",
+            self.inner.prefix,
+            scope.as_str().len(),
+            scope.as_str(),
+            key.as_str()
+        )
+    }
+
+    fn now_arg(&self) -> String {
+        self.inner
+            .clock
+            .as_ref()
+            .map(|c| c.now().as_millis().to_string())
+            .unwrap_or_default()
+    }
+
+    /// Runs a script within the operation timeout.
+    async fn run(&self, invocation: ScriptInvocation<'_>) -> Result<Value, StoreError> {
+        let mut con = self.inner.con.clone();
+        match tokio::time::timeout(self.inner.op_timeout, invocation.invoke_async(&mut con)).await
+        {
+            Ok(r) => r.map_err(|e| unavailable("script", e)),
+            Err(_) => Err(unavailable("script", "timed out")),
+        }
+    }
+
+    /// Adds a completed record to the expiry index. A crash before this leaves the record
+    /// to Redis's own expiry, which the script set already.
+    async fn index(&self, record_key: &str, expires_at: Timestamp) -> Result<(), StoreError> {
+        let mut con = self.inner.con.clone();
+        let added = con.zadd::<_, _, _, ()>(&self.inner.index, record_key, expires_at.as_millis());
+        match tokio::time::timeout(self.inner.op_timeout, added).await {
+            Ok(r) => r.map_err(|e| unavailable("index", e)),
+            Err(_) => Err(unavailable("index", "timed out")),
+        }
+    }
+
+    async fn redis_now(&self) -> Result<Timestamp, StoreError> {
+        if let Some(c) = &self.inner.clock {
+            return Ok(c.now());
+        }
+        let mut con = self.inner.con.clone();
+        let (secs, micros): (i64, i64) = redis::cmd("TIME")
+            .query_async(&mut con)
+            .await
+            .map_err(|e| unavailable("time", e))?;
+        Ok(Timestamp::from_millis(secs * 1000 + micros / 1000))
+    }
+}
+
+async fn futures_next<T>(iter: &mut redis::AsyncIter<'_, T>) -> Option<redis::RedisResult<T>>
+where
+    T: redis::FromRedisValue + Unpin + Send + 'static,
+{
+    iter.next_item().await
+}
+
+/// A fenced script's refusal, as the machine names it.
+fn refusal(status: &str) -> Result<StoreError, StoreError> {
+    Ok(StoreError::Stale(match status {
+        "absent" => Stale::Absent,
+        "superseded" => Stale::Superseded,
+        "completed" => Stale::Completed,
+        other => return Err(corrupt(format!("unknown status {other:?}"))),
+    }))
+}
+
+fn status(items: &[Value]) -> Result<&str, StoreError> {
+    items
+        .first()
+        .ok_or_else(|| corrupt("empty reply"))
+        .and_then(reply::text)
+}
+
+impl Store for RedisStore {
+    async fn claim(&self, req: ClaimRequest) -> Result<Claim, StoreError> {
+        let token = FencingToken::random();
+        let k = self.record_key(&req.scope, &req.key);
+        let retry = req.on_abandoned == AbandonedPolicy::Retry;
+        let mut inv = self.inner.scripts.claim.prepare_invoke();
+        inv.key(&k)
+            .arg(self.now_arg())
+            .arg(req.fingerprint.as_bytes().as_slice())
+            .arg(token.as_i64())
+            .arg(ms(req.lease))
+            .arg(ms(req.retention))
+            .arg(if retry { "1" } else { "0" })
+            .arg(req.scope.as_str())
+            .arg(req.key.as_str());
+        let items = reply::items(self.run(inv).await?)?;
+        let [acquired, now, rec] = items.as_slice() else {
+            return Err(corrupt("claim reply is not [acquired, now, record]"));
+        };
+        let now = reply::timestamp(now)?;
+        let rec = reply::record(rec)?.ok_or_else(|| corrupt("claim returned no record"))?;
+        if reply::int(acquired)? == 1 {
+            if rec.token != token {
+                return Err(corrupt("claim acquired under another token"));
+            }
+            return Ok(Claim::Acquired(Lease {
+                token,
+                expires_at: rec.lease_expires_at,
+                attempt: rec.attempts,
+            }));
+        }
+        // The script decided and wrote atomically; the machine only names what is there.
+        match machine::claim(Some(&rec), &req, now, token).0 {
+            Claim::Acquired(_) => Err(corrupt("claim script and state machine disagree")),
+            answer => Ok(answer),
+        }
+    }
+
+    async fn complete(
+        &self,
+        scope: &Scope,
+        key: &Key,
+        token: FencingToken,
+        response: StoredResponse,
+    ) -> Result<Record, StoreError> {
+        let k = self.record_key(scope, key);
+        let mut inv = self.inner.scripts.complete.prepare_invoke();
+        inv.key(&k)
+            .arg(self.now_arg())
+            .arg(token.as_i64())
+            .arg(response.encode());
+        let items = reply::items(self.run(inv).await?)?;
+        match status(&items)? {
+            "ok" => {
+                let rec = items
+                    .get(2)
+                    .map(reply::record)
+                    .transpose()?
+                    .flatten()
+                    .ok_or_else(|| corrupt("complete returned no record"))?;
+                self.index(&k, rec.expires_at).await?;
+                Ok(rec)
+            }
+            other => Err(refusal(other)?),
+        }
+    }
+
+    async fn release(&self, scope: &Scope, key: &Key, token: FencingToken) -> Result<(), StoreError> {
+        let mut inv = self.inner.scripts.release.prepare_invoke();
+        inv.key(self.record_key(scope, key))
+            .arg(self.now_arg())
+            .arg(token.as_i64());
+        let items = reply::items(self.run(inv).await?)?;
+        match status(&items)? {
+            "ok" => Ok(()),
+            other => Err(refusal(other)?),
+        }
+    }
+
+    async fn extend(
+        &self,
+        scope: &Scope,
+        key: &Key,
+        token: FencingToken,
+        lease: Duration,
+    ) -> Result<Timestamp, StoreError> {
+        let mut inv = self.inner.scripts.extend.prepare_invoke();
+        inv.key(self.record_key(scope, key))
+            .arg(self.now_arg())
+            .arg(token.as_i64())
+            .arg(ms(lease));
+        let items = reply::items(self.run(inv).await?)?;
+        match status(&items)? {
+            "ok" => items
+                .get(1)
+                .ok_or_else(|| corrupt("extend returned no lease end"))
+                .and_then(reply::timestamp),
+            other => Err(refusal(other)?),
+        }
+    }
+
+    async fn get(&self, scope: &Scope, key: &Key) -> Result<Option<Record>, StoreError> {
+        let mut inv = self.inner.scripts.get.prepare_invoke();
+        inv.key(self.record_key(scope, key)).arg(self.now_arg());
+        let items = reply::items(self.run(inv).await?)?;
+        let [now, rec] = items.as_slice() else {
+            return Err(corrupt("get reply is not [now, record]"));
+        };
+        Ok(machine::read(reply::record(rec)?, reply::timestamp(now)?))
+    }
+
+    async fn purge_expired(&self, limit: usize) -> Result<usize, StoreError> {
+        let now = self.redis_now().await?;
+        let mut con = self.inner.con.clone();
+        let mut deleted = 0;
+        while deleted < limit {
+            let batch = isize::try_from(limit - deleted).unwrap_or(isize::MAX);
+            let due: Vec<String> = con
+                .zrangebyscore_limit(&self.inner.index, "-inf", now.as_millis(), 0, batch)
+                .await
+                .map_err(|e| unavailable("read expiry index", e))?;
+            if due.is_empty() {
+                break;
+            }
+            for k in &due {
+                let mut inv = self.inner.scripts.purge.prepare_invoke();
+                inv.key(k).arg(now.as_millis());
+                let items = reply::items(self.run(inv).await?)?;
+                match status(&items)? {
+                    "deleted" => deleted += 1,
+                    // Completed again since: its entry moves to the new expiry.
+                    "later" => {
+                        let exp = items
+                            .get(1)
+                            .ok_or_else(|| corrupt("purge returned no expiry"))
+                            .and_then(reply::int)?;
+                        let _: () = con
+                            .zadd(&self.inner.index, k, exp)
+                            .await
+                            .map_err(|e| unavailable("index", e))?;
+                        continue;
+                    }
+                    // Gone already, or in flight again: its completion will index it anew.
+                    "absent" | "never" => {}
+                    other => return Err(corrupt(format!("purge status {other:?}"))),
+                }
+                let _: () = con
+                    .zrem(&self.inner.index, k)
+                    .await
+                    .map_err(|e| unavailable("index", e))?;
+            }
+        }
+        Ok(deleted)
+    }
+
+    async fn resolve(
+        &self,
+        scope: &Scope,
+        key: &Key,
+        resolution: Resolution,
+    ) -> Result<Option<Record>, StoreError> {
+        let k = self.record_key(scope, key);
+        let mut inv = self.inner.scripts.resolve.prepare_invoke();
+        inv.key(&k).arg(self.now_arg());
+        match &resolution {
+            Resolution::Release => inv.arg("release").arg("").arg(""),
+            Resolution::Complete(response) => inv
+                .arg("complete")
+                .arg(response.encode())
+                .arg(FencingToken::random().as_i64()),
+        };
+        let items = reply::items(self.run(inv).await?)?;
+        match status(&items)? {
+            "ok" => {
+                let rec = items.get(2).map(reply::record).transpose()?.flatten();
+                if let Some(r) = &rec {
+                    self.index(&k, r.expires_at).await?;
+                }
+                Ok(rec)
+            }
+            "not_found" => Err(StoreError::NotFound),
+            "completed" => Err(StoreError::NotAbandoned {
+                state: RecordState::Completed,
+            }),
+            "in_flight" => Err(StoreError::NotAbandoned {
+                state: RecordState::InFlight,
+            }),
+            other => Err(corrupt(format!("resolve status {other:?}"))),
+        }
+    }
+}
