@@ -50,7 +50,7 @@ pub(crate) enum Command {
 /// Which record an operator command is about.
 #[derive(Debug, Args)]
 pub(crate) struct TargetArgs {
-    /// The store: memory: or sqlite:PATH.
+    /// The store: sqlite:PATH, memory:, postgres://...[?schema=NAME] or redis://...[?prefix=NAME].
     #[arg(long, env = "IDEM_STORE", default_value = DEFAULT_STORE, value_name = "URL")]
     pub(crate) store: StoreUrl,
     /// The scope label as stored: `anonymous` for callers without a principal, `p:<hash>` for
@@ -137,7 +137,7 @@ pub(crate) struct ResolveArgs {
 
 #[derive(Debug, Args)]
 pub(crate) struct GcArgs {
-    /// The store: memory: or sqlite:PATH.
+    /// The store: sqlite:PATH, memory:, postgres://...[?schema=NAME] or redis://...[?prefix=NAME].
     #[arg(long, env = "IDEM_STORE", default_value = DEFAULT_STORE, value_name = "URL")]
     pub(crate) store: StoreUrl,
     /// Records deleted per transaction, so the store is never locked for long.
@@ -153,7 +153,7 @@ pub(crate) struct ServeArgs {
     /// The service behind the gateway, as http://host:port[/prefix].
     #[arg(long, env = "IDEM_UPSTREAM", value_name = "URL")]
     pub(crate) upstream: Option<String>,
-    /// The store: sqlite:PATH or memory: [default: sqlite:idem.db].
+    /// The store: sqlite:PATH, memory:, postgres://... or redis://... [default: sqlite:idem.db].
     #[arg(long, env = "IDEM_STORE", value_name = "URL")]
     pub(crate) store: Option<String>,
     /// TOML configuration file: routes, scope headers, limits, timeouts, admin listener.
@@ -204,7 +204,7 @@ pub(crate) struct DemoArgs {
     /// Seed of the link's losses, so a run repeats.
     #[arg(long, default_value_t = 42)]
     pub(crate) seed: u64,
-    /// The gateway's store [default: a fresh sqlite file in the demo's directory].
+    /// The gateway's store: sqlite:PATH, memory:, postgres://... or redis://... [default: a fresh sqlite file in the demo's directory].
     #[arg(long, value_name = "URL")]
     pub(crate) store: Option<String>,
     /// Keep the payment API's databases (naive.db, keyed.db) and the store in this directory.

@@ -1,4 +1,4 @@
-//! Store URLs: `memory:`, `sqlite:PATH`. One enum dispatches to the backend chosen at run time,
+//! Store URLs: `memory:`, `sqlite:PATH`, `postgres://...`, `redis://...`. One enum dispatches to the backend chosen at run time,
 //! so the libraries stay generic over `Store` and only the binary picks.
 
 use std::fmt;
@@ -10,6 +10,8 @@ use idem_core::{
     Claim, ClaimRequest, FencingToken, Key, MemoryStore, Record, Resolution, Scope, Store,
     StoreError, StoredResponse, Timestamp,
 };
+use idem_store_postgres::{PgOptions, PgStore};
+use idem_store_redis::{RedisOptions, RedisStore};
 use idem_store_sqlite::SqliteStore;
 
 /// The default store: the embedded SQLite file in the working directory.
@@ -20,15 +22,25 @@ pub(crate) const DEFAULT_STORE: &str = "sqlite:idem.db";
 pub(crate) enum StoreUrl {
     Memory,
     Sqlite(PathBuf),
+    /// The URL as given (checked when parsed); `?schema=NAME` picks the schema.
+    Postgres(String),
+    /// The URL as given (checked when parsed); `?prefix=NAME` picks the key prefix.
+    Redis(String),
 }
+
+const SCHEMES: &str = "memory:, sqlite:PATH, postgres://... or redis://...";
 
 /// Why a store URL was refused.
 #[derive(Debug, thiserror::Error)]
 pub(crate) enum StoreUrlError {
-    #[error("store URL {0:?} has no scheme; use memory: or sqlite:PATH (e.g. {DEFAULT_STORE})")]
+    #[error("store URL {0:?} has no scheme; use {SCHEMES} (e.g. {DEFAULT_STORE})")]
     NoScheme(String),
-    #[error("store URL {0:?} has an unknown scheme {1:?}; use memory: or sqlite:PATH")]
+    #[error("store URL {0:?} has an unknown scheme {1:?}; use {SCHEMES}")]
     UnknownScheme(String, String),
+    #[error("store URL {url}: {err}", url = redact(.0), err = .1)]
+    Postgres(String, idem_store_postgres::PgUrlError),
+    #[error("store URL {url}: {err}", url = redact(.0), err = .1)]
+    Redis(String, idem_store_redis::RedisUrlError),
     #[error("store URL {0:?} names no file; use sqlite:PATH (e.g. {DEFAULT_STORE})")]
     EmptyPath(String),
     #[error("store URL {0:?}: memory: takes no path")]
@@ -54,6 +66,14 @@ impl FromStr for StoreUrl {
                     Ok(StoreUrl::Sqlite(PathBuf::from(path)))
                 }
             }
+            "postgres" | "postgresql" => match PgOptions::from_url(url) {
+                Ok(_) => Ok(StoreUrl::Postgres(url.to_owned())),
+                Err(e) => Err(StoreUrlError::Postgres(url.to_owned(), e)),
+            },
+            "redis" | "rediss" => match RedisOptions::from_url(url) {
+                Ok(_) => Ok(StoreUrl::Redis(url.to_owned())),
+                Err(e) => Err(StoreUrlError::Redis(url.to_owned(), e)),
+            },
             other => Err(StoreUrlError::UnknownScheme(
                 url.to_owned(),
                 other.to_owned(),
@@ -67,6 +87,7 @@ impl fmt::Display for StoreUrl {
         match self {
             StoreUrl::Memory => f.write_str("memory:"),
             StoreUrl::Sqlite(p) => write!(f, "sqlite:{}", p.display()),
+            StoreUrl::Postgres(url) | StoreUrl::Redis(url) => f.write_str(&redact(url)),
         }
     }
 }
@@ -74,7 +95,7 @@ impl fmt::Display for StoreUrl {
 impl StoreUrl {
     /// Opens the store. For SQLite the file is created if absent, unless `must_exist`: an
     /// operator command pointed at a mistyped path should say so, not create an empty store.
-    pub(crate) fn open(&self, must_exist: bool) -> Result<AnyStore, StoreError> {
+    pub(crate) async fn open(&self, must_exist: bool) -> Result<AnyStore, StoreError> {
         match self {
             StoreUrl::Memory => Ok(AnyStore::Memory(MemoryStore::new())),
             StoreUrl::Sqlite(path) => {
@@ -85,6 +106,8 @@ impl StoreUrl {
                 }
                 Ok(AnyStore::Sqlite(SqliteStore::open(path)?))
             }
+            StoreUrl::Postgres(url) => Ok(AnyStore::Postgres(PgStore::connect_url(url).await?)),
+            StoreUrl::Redis(url) => Ok(AnyStore::Redis(RedisStore::connect_url(url).await?)),
         }
     }
 }
@@ -94,6 +117,24 @@ impl StoreUrl {
 pub(crate) enum AnyStore {
     Memory(MemoryStore),
     Sqlite(SqliteStore),
+    Postgres(PgStore),
+    Redis(RedisStore),
+}
+
+/// The URL with any password replaced, for messages and logs.
+fn redact(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return url.to_owned();
+    };
+    let authority_end = rest.find(['/', '?']).unwrap_or(rest.len());
+    let (authority, tail) = rest.split_at(authority_end);
+    match authority.rsplit_once('@') {
+        Some((userinfo, host)) => match userinfo.split_once(':') {
+            Some((user, _)) => format!("{scheme}://{user}:***@{host}{tail}"),
+            None => url.to_owned(),
+        },
+        None => url.to_owned(),
+    }
 }
 
 macro_rules! dispatch {
@@ -101,6 +142,8 @@ macro_rules! dispatch {
         match $self {
             AnyStore::Memory($s) => $call.await,
             AnyStore::Sqlite($s) => $call.await,
+            AnyStore::Postgres($s) => $call.await,
+            AnyStore::Redis($s) => $call.await,
         }
     };
 }
@@ -175,6 +218,10 @@ mod tests {
             Ok(StoreUrl::Sqlite("/abs/x.db".into()))
         );
         assert_eq!(ok("SQLITE:a.db"), Ok(StoreUrl::Sqlite("a.db".into())));
+        let pg = "postgres://idem:pw@db:5432/app?schema=idem_gw";
+        assert_eq!(ok(pg), Ok(StoreUrl::Postgres(pg.into())));
+        let redis = "redis://127.0.0.1:6379/1?prefix=gw";
+        assert_eq!(ok(redis), Ok(StoreUrl::Redis(redis.into())));
     }
 
     #[test]
@@ -189,5 +236,22 @@ mod tests {
         assert!(err("mysql://x").contains("unknown scheme \"mysql\""));
         assert!(err("sqlite:").contains("names no file"));
         assert!(err("memory:x").contains("takes no path"));
+        assert!(err("postgres://h/db?schema=Bad").contains("plain identifier"));
+        assert!(err("redis://h?prefix=a:b").contains("prefix"));
+    }
+
+    #[test]
+    fn passwords_never_show() {
+        let url: StoreUrl = "postgres://idem:s3cret@db:5432/app"
+            .parse()
+            .expect("parses");
+        assert_eq!(url.to_string(), "postgres://idem:***@db:5432/app");
+        let err = "redis://u:s3cret@h/?prefix=a:b"
+            .parse::<StoreUrl>()
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default();
+        assert!(!err.contains("s3cret"), "{err}");
+        assert_eq!(redact("redis://h:6379"), "redis://h:6379");
     }
 }

@@ -53,6 +53,7 @@ async fn run_in(
     };
     let store = store_url
         .open(false)
+        .await
         .with_context(|| format!("cannot open the store {store_url}"))?;
     // A scope of its own per run, so a kept store never replays another run's charges.
     let stamp = SystemTime::now()

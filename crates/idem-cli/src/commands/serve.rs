@@ -22,6 +22,7 @@ pub(crate) async fn run(args: ServeArgs) -> Result<()> {
     let url: StoreUrl = settings.store.parse()?;
     let store = url
         .open(false)
+        .await
         .with_context(|| format!("cannot open the store {url}"))?;
     let metrics = PrometheusBuilder::new()
         .set_buckets_for_metric(

@@ -1,0 +1,230 @@
+//! Many gateways over one shared store, end to end: two real `idem serve` processes on one
+//! PostgreSQL (and again on one Redis) in front of one counting upstream, and the store
+//! going away and coming back underneath them.
+//!
+//! The gateways reach the store through a relay in this process, so a test can cut the
+//! store off (every connection reset, new ones refused) without stopping the server other
+//! tests use. Without a server these tests skip, unless IDEM_REQUIRE_SERVICES=1.
+
+mod support;
+
+use std::collections::{HashMap, HashSet};
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use support::*;
+use tokio::net::{TcpListener, TcpStream};
+use tokio::task::JoinHandle;
+
+/// A TCP relay to the store that can be cut and restored.
+struct Relay {
+    addr: SocketAddr,
+    up: Arc<AtomicBool>,
+    links: Arc<Mutex<Vec<JoinHandle<()>>>>,
+    accept: JoinHandle<()>,
+}
+
+impl Relay {
+    async fn start(target: SocketAddr) -> Relay {
+        let listener = TcpListener::bind("127.0.0.1:0")
+            .await
+            .unwrap_or_else(|e| panic!("relay bind: {e}"));
+        let addr = listener.local_addr().unwrap_or_else(|e| panic!("{e}"));
+        let up = Arc::new(AtomicBool::new(true));
+        let links: Arc<Mutex<Vec<JoinHandle<()>>>> = Arc::default();
+        let (up2, links2) = (up.clone(), links.clone());
+        let accept = tokio::spawn(async move {
+            while let Ok((mut client, _)) = listener.accept().await {
+                if !up2.load(Ordering::SeqCst) {
+                    // Down: the connection is refused the only way a listener can.
+                    let _ = client.set_linger(Some(Duration::ZERO));
+                    drop(client);
+                    continue;
+                }
+                let link = tokio::spawn(async move {
+                    if let Ok(mut server) = TcpStream::connect(target).await {
+                        let _ = tokio::io::copy_bidirectional(&mut client, &mut server).await;
+                    }
+                });
+                links2.lock().unwrap_or_else(|e| e.into_inner()).push(link);
+            }
+        });
+        Relay {
+            addr,
+            up,
+            links,
+            accept,
+        }
+    }
+
+    /// The store goes away: open connections are cut, new ones reset.
+    fn cut(&self) {
+        self.up.store(false, Ordering::SeqCst);
+        for link in self.links.lock().unwrap_or_else(|e| e.into_inner()).drain(..) {
+            link.abort();
+        }
+    }
+
+    fn restore(&self) {
+        self.up.store(true, Ordering::SeqCst);
+    }
+}
+
+impl Drop for Relay {
+    fn drop(&mut self) {
+        self.cut();
+        self.accept.abort();
+    }
+}
+
+fn services_required() -> bool {
+    std::env::var("IDEM_REQUIRE_SERVICES").is_ok_and(|v| v == "1" || v == "true")
+}
+
+/// The server at `addr`, or `None` (after saying why) when the test should skip.
+async fn server(name: &str, addr: &str) -> Option<SocketAddr> {
+    let addr: SocketAddr = addr.parse().unwrap_or_else(|e| panic!("{addr}: {e}"));
+    match TcpStream::connect(addr).await {
+        Ok(_) => Some(addr),
+        Err(e) if !services_required() => {
+            eprintln!("skipped: no {name} at {addr}: {e} (set IDEM_REQUIRE_SERVICES=1 to fail instead)");
+            None
+        }
+        Err(e) => panic!("{name} at {addr} is required: {e}"),
+    }
+}
+
+/// Two gateways on `store`, one upstream: one key raced from both executes once, replays
+/// come from either, a store outage is 503 with no upstream call, and service resumes.
+async fn two_gateways_one_store(store: &str) {
+    let (up_addr, up) = start_upstream().await;
+    let upstream = format!("http://{up_addr}");
+    let a = start_gateway_on(&upstream, "", store);
+    let b = start_gateway_on(&upstream, "", store);
+
+    // 200 concurrent requests with one key, split across both gateways.
+    let tasks: Vec<_> = (0..200)
+        .map(|i| {
+            let addr = if i % 2 == 0 { a.addr } else { b.addr };
+            tokio::spawn(async move {
+                send(
+                    addr,
+                    "POST",
+                    "/v1/charges",
+                    &[("idempotency-key", "storm"), ("x-sleep-ms", "300")],
+                    BODY,
+                )
+                .await
+            })
+        })
+        .collect();
+    let mut bodies = HashSet::new();
+    let mut by_status: HashMap<u16, u32> = HashMap::new();
+    for t in tasks {
+        let r = t.await.unwrap_or_else(|e| panic!("{e}"));
+        *by_status.entry(r.status).or_default() += 1;
+        match r.status {
+            201 => {
+                bodies.insert(r.body);
+            }
+            409 => assert_eq!(r.problem_type(), "urn:idem:problem:in-flight"),
+            other => panic!("unexpected {other}: {}", r.body),
+        }
+    }
+    assert_eq!(
+        up.0.load(Ordering::SeqCst),
+        1,
+        "upstream executions; answers: {by_status:?}"
+    );
+    assert_eq!(bodies.len(), 1, "every 201 is the same charge");
+
+    // Replays are served by either instance, byte for byte.
+    let first = charge_with(&a, "storm", &[], BODY).await;
+    let second = charge_with(&b, "storm", &[], BODY).await;
+    assert!(first.replayed() && second.replayed());
+    assert_eq!(first.body, second.body);
+    assert!(bodies.contains(&first.body));
+    assert_eq!(up.0.load(Ordering::SeqCst), 1);
+}
+
+async fn outage_fails_closed_and_recovers(store: &str, relay: &Relay) {
+    let (up_addr, up) = start_upstream().await;
+    let upstream = format!("http://{up_addr}");
+    let a = start_gateway_on(&upstream, "", store);
+    let b = start_gateway_on(&upstream, "", store);
+    let ok = charge_with(&a, "before", &[], BODY).await;
+    assert_eq!(ok.status, 201, "{}", ok.body);
+
+    relay.cut();
+    for (g, key) in [(&a, "during-a"), (&b, "during-b"), (&a, "before")] {
+        let r = charge_with(g, key, &[], BODY).await;
+        assert_eq!(
+            (r.status, r.problem_type().as_str()),
+            (503, "urn:idem:problem:store-unavailable"),
+            "{key}: {}",
+            r.body
+        );
+    }
+    assert_eq!(up.0.load(Ordering::SeqCst), 1, "nothing ran while the store was away");
+
+    relay.restore();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let r = loop {
+        let r = charge_with(&b, "after", &[], BODY).await;
+        if r.status != 503 || Instant::now() > deadline {
+            break r;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    assert_eq!(r.status, 201, "service did not resume: {}", r.body);
+    let again = charge_with(&a, "after", &[], BODY).await;
+    assert!(again.replayed());
+    assert_eq!(again.body, r.body);
+    let before = charge_with(&b, "before", &[], BODY).await;
+    assert!(before.replayed(), "a record from before the outage is still there");
+    assert_eq!(up.0.load(Ordering::SeqCst), 2);
+}
+
+fn unique(prefix: &str) -> String {
+    format!("{prefix}{:016x}", rand::random::<u64>())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_gateways_on_postgres() {
+    let Some(pg) = server("PostgreSQL", "127.0.0.1:5432").await else {
+        return;
+    };
+    let relay = Relay::start(pg).await;
+    let schema = unique("idem_e2e_");
+    let store = format!("postgres://postgres@{}/test?schema={schema}", relay.addr);
+    two_gateways_one_store(&store).await;
+    outage_fails_closed_and_recovers(&store, &relay).await;
+    let direct = format!("postgres://postgres@{pg}/test?schema={schema}");
+    match idem_store_postgres::PgStore::connect_url(&direct).await {
+        Ok(s) => {
+            let _ = s.drop_schema().await;
+        }
+        Err(e) => eprintln!("could not drop {schema}: {e}"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_gateways_on_redis() {
+    let Some(redis) = server("Redis", "127.0.0.1:6379").await else {
+        return;
+    };
+    let relay = Relay::start(redis).await;
+    let prefix = unique("idem-e2e-");
+    let store = format!("redis://{}/?prefix={prefix}", relay.addr);
+    two_gateways_one_store(&store).await;
+    outage_fails_closed_and_recovers(&store, &relay).await;
+    let direct = format!("redis://{redis}/?prefix={prefix}");
+    match idem_store_redis::RedisStore::connect_url(&direct).await {
+        Ok(s) => {
+            let _ = s.delete_all().await;
+        }
+        Err(e) => eprintln!("could not delete keys under {prefix}: {e}"),
+    }
+}
