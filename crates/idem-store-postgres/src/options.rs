@@ -35,7 +35,7 @@ pub enum PgUrlError {
     Config(#[from] tokio_postgres::Error),
     /// The schema name is not a plain identifier.
     #[error(
-        "schema {0:?} is not a plain identifier: use 1 to 63 of a-z, 0-9 and _, not starting with a digit"
+        "schema {0:?} is not a plain identifier: use 1 to 63 of a-z, 0-9 and _, not starting with a digit or pg_"
     )]
     Schema(String),
 }
@@ -71,6 +71,7 @@ pub(crate) fn is_identifier(s: &str) -> bool {
     !b.is_empty()
         && b.len() <= 63
         && !b[0].is_ascii_digit()
+        && !s.starts_with("pg_")
         && b.iter()
             .all(|&c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == b'_')
 }
@@ -115,7 +116,7 @@ mod tests {
 
     #[test]
     fn refuses_bad_schemas_and_urls() {
-        for bad in ["Idem", "1x", "a-b", "", "x\"; drop table y; --"] {
+        for bad in ["Idem", "1x", "a-b", "", "pg_x", "x\"; drop table y; --"] {
             assert!(
                 matches!(
                     PgOptions::from_url(&format!("postgres://h/db?schema={bad}")),

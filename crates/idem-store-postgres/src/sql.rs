@@ -134,8 +134,20 @@ SELECT false, t.now, cur.* FROM cur, t WHERE NOT EXISTS (SELECT 1 FROM ins)"#,
     }
 }
 
-pub(crate) fn unavailable(what: &str, e: impl std::fmt::Display) -> StoreError {
-    StoreError::Unavailable(format!("postgres: {what}: {e}").into())
+/// The store is unusable: `e` with its causes, since tokio-postgres's own text for a
+/// server error is only "db error".
+pub(crate) fn unavailable(what: &str, e: impl std::error::Error) -> StoreError {
+    let mut text = e.to_string();
+    let mut cause = e.source();
+    while let Some(c) = cause {
+        text = format!("{text}: {c}");
+        cause = c.source();
+    }
+    unavailable_because(what, text)
+}
+
+pub(crate) fn unavailable_because(what: &str, why: impl std::fmt::Display) -> StoreError {
+    StoreError::Unavailable(format!("postgres: {what}: {why}").into())
 }
 
 fn db(e: tokio_postgres::Error) -> StoreError {

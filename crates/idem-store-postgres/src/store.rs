@@ -16,7 +16,7 @@ use tokio_postgres::NoTls;
 use crate::options::PgOptions;
 use crate::replays::{self, Tally};
 use crate::schema;
-use crate::sql::{Sql, now_of, record_of, unavailable};
+use crate::sql::{Sql, now_of, record_of, unavailable, unavailable_because};
 
 /// How many times a claim is run again when a racing writer left its snapshot behind. Each
 /// run takes a fresh snapshot, so a second run settles it unless yet another writer raced.
@@ -142,7 +142,7 @@ impl Inner {
     ) -> Result<T, StoreError> {
         match tokio::time::timeout(self.op_timeout, op).await {
             Ok(r) => r,
-            Err(_) => Err(unavailable(
+            Err(_) => Err(unavailable_because(
                 "timed out",
                 format!("no answer within {:?}", self.op_timeout),
             )),
@@ -209,7 +209,7 @@ impl Inner {
                 answer => return Ok(answer),
             }
         }
-        Err(unavailable(
+        Err(unavailable_because(
             "claim",
             format!("did not settle in {CLAIM_RUNS} runs under contention"),
         ))
