@@ -10,6 +10,7 @@
 //! postgres://user@host:5432/db?schema=idem
 //! ```
 
+mod batch;
 mod options;
 mod replays;
 mod schema;

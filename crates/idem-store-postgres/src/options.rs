@@ -15,6 +15,9 @@ pub struct PgOptions {
     pub schema: String,
     /// Connections kept open. A claim holds one for one round trip.
     pub pool_size: usize,
+    /// How many batched claim statements (and, apart, completion statements) run at once.
+    /// Fewer means larger batches; two keep one filling while the other commits.
+    pub batches_in_flight: usize,
     /// Where time comes from. `None` (the default) reads the database's clock in each
     /// statement, so gateways on hosts whose clocks drift apart still agree on when a lease
     /// ends. Tests inject a manual clock.
@@ -54,11 +57,20 @@ impl PgOptions {
             config.connect_timeout(Duration::from_secs(5));
         }
         config.keepalives(true);
+        // Plan each execution for its own parameters. A cached generic plan is made once,
+        // when the table may still be nearly empty; for a batch's key arrays it is a
+        // sequential scan, and it stays one while the table grows until the next ANALYZE.
+        let options = match config.get_options() {
+            Some(o) => format!("{o} -c plan_cache_mode=force_custom_plan"),
+            None => "-c plan_cache_mode=force_custom_plan".to_owned(),
+        };
+        config.options(&options);
         config.application_name("idem");
         Ok(PgOptions {
             config,
             schema,
             pool_size: 16,
+            batches_in_flight: 2,
             clock: None,
             op_timeout: Duration::from_secs(10),
         })

@@ -45,18 +45,33 @@ impl Sql {
             // snapshot behind the row, the statement returns no row or a row whose state
             // says "acquire" without `acquired`, and the caller runs it again on a fresh
             // snapshot.
+            // One statement for any number of claims (one request, or a batch of
+            // concurrent ones; keys distinct, one abandoned policy: $7). `cur` reads what
+            // is there in the statement's snapshot; the INSERT runs only for keys absent,
+            // expired, or abandoned and taken over under the retry policy, so a replay
+            // writes nothing. Rows go in key order so concurrent batches lock in one order
+            // and cannot deadlock. The unique index settles racing inserts, and ON CONFLICT
+            // re-checks the takeover condition against the newest committed row. When a
+            // race leaves the snapshot behind a row, the statement returns no row for that
+            // key, or a row whose state says "acquire" without `acquired`, and the caller
+            // runs that claim again on a fresh snapshot.
             claim: format!(
                 r#"WITH t AS ({NOW}),
-cur AS (SELECT r.* FROM {t} r WHERE r.scope = $2 AND r.key = $3),
+q AS (SELECT * FROM unnest($2::text[], $3::text[], $4::bytea[], $5::bigint[], $6::bigint[])
+      AS q(scope, key, fp, token, lease)),
+cur AS (SELECT r.* FROM q CROSS JOIN LATERAL
+        (SELECT * FROM {t} r WHERE r.scope = q.scope AND r.key = q.key LIMIT 1) r),
 ins AS (
   INSERT INTO {t} AS r (scope, key, fingerprint, token, created_at, acquired_at, lease_expires_at,
       completed_at, completed_by, expires_at, retention_ms, attempts, replays, response)
-  SELECT $2, $3, $4, $5, t.now, t.now, {lease}, NULL, NULL, 9223372036854775807, $7, 1, 0, NULL
-  FROM t
+  SELECT q.scope, q.key, q.fp, q.token, t.now, t.now, {lease}, NULL, NULL,
+         9223372036854775807, $8, 1, 0, NULL
+  FROM q, t
   WHERE NOT EXISTS (
-    SELECT 1 FROM cur WHERE cur.expires_at > t.now
+    SELECT 1 FROM cur WHERE cur.scope = q.scope AND cur.key = q.key AND cur.expires_at > t.now
       AND NOT (cur.completed_at IS NULL AND cur.lease_expires_at <= t.now
-               AND cur.fingerprint = $4 AND $8::boolean))
+               AND cur.fingerprint = q.fp AND $7::boolean))
+  ORDER BY q.scope, q.key
   ON CONFLICT (scope, key) DO UPDATE SET
     fingerprint = excluded.fingerprint,
     token = excluded.token,
@@ -74,20 +89,26 @@ ins AS (
     replays = CASE WHEN r.expires_at <= excluded.created_at THEN 0 ELSE r.replays END
   WHERE r.expires_at <= excluded.created_at
      OR (r.completed_at IS NULL AND r.lease_expires_at <= excluded.created_at
-         AND r.fingerprint = excluded.fingerprint AND $8::boolean)
+         AND r.fingerprint = excluded.fingerprint AND $7::boolean)
   RETURNING r.*
 )
 SELECT true AS acquired, t.now, ins.* FROM ins, t
 UNION ALL
-SELECT false, t.now, cur.* FROM cur, t WHERE NOT EXISTS (SELECT 1 FROM ins)"#,
-                lease = plus("t.now", "$6::bigint"),
+SELECT false, t.now, cur.* FROM cur, t
+WHERE NOT EXISTS (SELECT 1 FROM ins WHERE ins.scope = cur.scope AND ins.key = cur.key)"#,
+                lease = plus("t.now", "q.lease"),
             ),
-            // Fenced: only the lease's token completes an uncompleted record. In-flight and
-            // abandoned records never expire, so no expiry test is needed here.
+            // Fenced, like release and extend: only the lease's token changes an
+            // uncompleted record. In-flight and abandoned records never expire, so no expiry
+            // test is needed. Any number of completions (of distinct keys) in one statement.
             complete: format!(
-                "WITH t AS ({NOW}) UPDATE {t} r SET completed_at = t.now, completed_by = 0, \
-                 expires_at = {exp}, response = $5 FROM t \
-                 WHERE r.scope = $2 AND r.key = $3 AND r.token = $4 AND r.completed_at IS NULL \
+                "WITH t AS ({NOW}), \
+                 u AS (SELECT * FROM unnest($2::text[], $3::text[], $4::bigint[], $5::bytea[]) \
+                       AS u(scope, key, token, response)) \
+                 UPDATE {t} r SET completed_at = t.now, completed_by = 0, \
+                 expires_at = {exp}, response = u.response FROM t, u \
+                 WHERE r.scope = u.scope AND r.key = u.key AND r.token = u.token \
+                 AND r.completed_at IS NULL \
                  RETURNING t.now, r.*",
                 exp = plus("t.now", "r.retention_ms"),
             ),

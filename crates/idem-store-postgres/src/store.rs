@@ -1,7 +1,8 @@
 //! [`PgStore`]: the `Store` methods as single statements over a connection pool.
 
+use std::collections::HashMap;
 use std::fmt;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use deadpool_postgres::{GenericClient, Manager, ManagerConfig, Object, Pool, RecyclingMethod};
@@ -13,6 +14,7 @@ use idem_core::{
 };
 use tokio_postgres::NoTls;
 
+use crate::batch::{Batcher, Job};
 use crate::options::PgOptions;
 use crate::replays::{self, Tally};
 use crate::schema;
@@ -21,6 +23,27 @@ use crate::sql::{Sql, now_of, record_of, unavailable, unavailable_because};
 /// How many times a claim is run again when a racing writer left its snapshot behind. Each
 /// run takes a fresh snapshot, so a second run settles it unless yet another writer raced.
 const CLAIM_RUNS: usize = 8;
+
+/// A claim statement's row for one key.
+#[derive(Debug)]
+pub(crate) struct ClaimRow {
+    acquired: bool,
+    now: Timestamp,
+    rec: Record,
+}
+
+/// A completion waiting for its batch.
+#[derive(Debug)]
+pub(crate) struct Completion {
+    pub(crate) scope: Scope,
+    pub(crate) key: Key,
+    pub(crate) token: FencingToken,
+    /// The response, encoded.
+    pub(crate) response: Vec<u8>,
+}
+
+/// The most requests one batched statement carries.
+const MAX_BATCH: usize = 256;
 
 /// The PostgreSQL [`Store`]. Cloning shares one pool.
 #[derive(Clone)]
@@ -36,6 +59,8 @@ pub(crate) struct Inner {
     clock: Option<Arc<dyn idem_core::Clock>>,
     op_timeout: Duration,
     pub(crate) replays: Tally,
+    claims: OnceLock<Batcher<ClaimRequest, Result<Claim, StoreError>>>,
+    completions: OnceLock<Batcher<Completion, Result<Record, StoreError>>>,
 }
 
 impl fmt::Debug for PgStore {
@@ -75,6 +100,8 @@ impl PgStore {
             clock: opts.clock,
             op_timeout: opts.op_timeout,
             replays: Tally::default(),
+            claims: OnceLock::new(),
+            completions: OnceLock::new(),
         });
         inner
             .bounded(async {
@@ -83,6 +110,26 @@ impl PgStore {
             })
             .await?;
         tokio::spawn(replays::flush_loop(Arc::downgrade(&inner)));
+        // The batchers hold the store weakly: dropping the last PgStore ends them.
+        let in_flight = opts.batches_in_flight.max(1);
+        let weak = Arc::downgrade(&inner);
+        let _ = inner.claims.set(Batcher::start(MAX_BATCH, in_flight, move |jobs| {
+            let weak = weak.clone();
+            async move {
+                if let Some(inner) = weak.upgrade() {
+                    inner.claim_batch(jobs).await;
+                }
+            }
+        }));
+        let weak = Arc::downgrade(&inner);
+        let _ = inner.completions.set(Batcher::start(MAX_BATCH, in_flight, move |jobs| {
+            let weak = weak.clone();
+            async move {
+                if let Some(inner) = weak.upgrade() {
+                    inner.complete_batch(jobs).await;
+                }
+            }
+        }));
         Ok(PgStore { inner })
     }
 
@@ -149,64 +196,103 @@ impl Inner {
         }
     }
 
-    /// The claim statement on `client`: the pool's connection, or a service's transaction.
-    pub(crate) async fn claim_on(
+    /// Runs the claim statement for `reqs` (distinct keys, one abandoned policy); returns
+    /// each key's row: acquired or not, the statement's time, and the record.
+    async fn claim_rows(
         &self,
         client: &impl GenericClient,
-        req: &ClaimRequest,
-    ) -> Result<Claim, StoreError> {
+        reqs: &[(&ClaimRequest, FencingToken)],
+        retry: bool,
+    ) -> Result<HashMap<(String, String), ClaimRow>, StoreError> {
         let stmt = client
             .prepare_cached(&self.sql.claim)
             .await
             .map_err(|e| unavailable("prepare claim", e))?;
-        let token = FencingToken::random();
-        let retry = req.on_abandoned == AbandonedPolicy::Retry;
-        let (lease_ms, retention_ms) = (duration_millis(req.lease), duration_millis(req.retention));
-        for _ in 0..CLAIM_RUNS {
-            let row = client
-                .query_opt(
-                    &stmt,
-                    &[
-                        &self.now(),
-                        &req.scope.as_str(),
-                        &req.key.as_str(),
-                        &req.fingerprint.as_bytes().as_slice(),
-                        &token.as_i64(),
-                        &lease_ms,
-                        &retention_ms,
-                        &retry,
-                    ],
-                )
-                .await
-                .map_err(|e| unavailable("claim", e))?;
-            // No row: a racing insert is not in this snapshot yet.
-            let Some(row) = row else { continue };
+        let scopes: Vec<&str> = reqs.iter().map(|(r, _)| r.scope.as_str()).collect();
+        let keys: Vec<&str> = reqs.iter().map(|(r, _)| r.key.as_str()).collect();
+        let fps: Vec<&[u8]> = reqs
+            .iter()
+            .map(|(r, _)| r.fingerprint.as_bytes().as_slice())
+            .collect();
+        let tokens: Vec<i64> = reqs.iter().map(|(_, t)| t.as_i64()).collect();
+        let leases: Vec<i64> = reqs.iter().map(|(r, _)| duration_millis(r.lease)).collect();
+        // One retention per statement: a batch is split by it, as by the abandoned policy.
+        let retention = reqs
+            .first()
+            .map_or(0, |(r, _)| duration_millis(r.retention));
+        let rows = client
+            .query(
+                &stmt,
+                &[
+                    &self.now(),
+                    &scopes,
+                    &keys,
+                    &fps,
+                    &tokens,
+                    &leases,
+                    &retry,
+                    &retention,
+                ],
+            )
+            .await
+            .map_err(|e| unavailable("claim", e))?;
+        let mut out = HashMap::with_capacity(rows.len());
+        for row in rows {
             let now = now_of(&row)?;
             let rec = record_of(&row)?
                 .ok_or_else(|| StoreError::Corrupt("postgres claim returned no record".into()))?;
             let acquired: bool = row
                 .try_get("acquired")
                 .map_err(|e| unavailable("claim", e))?;
-            if acquired {
-                if rec.token != token {
-                    return Err(StoreError::Corrupt(
-                        "postgres claim acquired under another token".into(),
-                    ));
-                }
-                return Ok(Claim::Acquired(Lease {
-                    token,
-                    expires_at: rec.lease_expires_at,
-                    attempt: rec.attempts,
-                }));
+            out.insert(
+                (rec.scope.as_str().to_owned(), rec.key.as_str().to_owned()),
+                ClaimRow { acquired, now, rec },
+            );
+        }
+        Ok(out)
+    }
+
+    /// The answer to `req` from its row, or `None` when a racing writer left the statement's
+    /// snapshot behind and the claim must run again.
+    fn settle(&self, req: &ClaimRequest, token: FencingToken, row: Option<&ClaimRow>) -> Result<Option<Claim>, StoreError> {
+        let Some(ClaimRow { acquired, now, rec }) = row else {
+            return Ok(None);
+        };
+        if *acquired {
+            if rec.token != token {
+                return Err(StoreError::Corrupt(
+                    "postgres claim acquired under another token".into(),
+                ));
             }
-            match machine::claim(Some(&rec), req, now, token).0 {
-                // The snapshot's row said "free" but a racer holds it now: look again.
-                Claim::Acquired(_) => continue,
-                Claim::Completed(replayed) => {
-                    self.replays.count(&rec.scope, &rec.key, rec.token);
-                    return Ok(Claim::Completed(replayed));
-                }
-                answer => return Ok(answer),
+            return Ok(Some(Claim::Acquired(Lease {
+                token,
+                expires_at: rec.lease_expires_at,
+                attempt: rec.attempts,
+            })));
+        }
+        Ok(match machine::claim(Some(rec), req, *now, token).0 {
+            Claim::Acquired(_) => None,
+            Claim::Completed(replayed) => {
+                self.replays.count(&rec.scope, &rec.key, rec.token);
+                Some(Claim::Completed(replayed))
+            }
+            answer => Some(answer),
+        })
+    }
+
+    /// One claim on `client`: the pool's connection, or a service's transaction.
+    pub(crate) async fn claim_on(
+        &self,
+        client: &impl GenericClient,
+        req: &ClaimRequest,
+    ) -> Result<Claim, StoreError> {
+        let token = FencingToken::random();
+        let retry = req.on_abandoned == AbandonedPolicy::Retry;
+        let id = (req.scope.as_str().to_owned(), req.key.as_str().to_owned());
+        for _ in 0..CLAIM_RUNS {
+            let rows = self.claim_rows(client, &[(req, token)], retry).await?;
+            if let Some(answer) = self.settle(req, token, rows.get(&id))? {
+                return Ok(answer);
             }
         }
         Err(unavailable_because(
@@ -215,36 +301,160 @@ impl Inner {
         ))
     }
 
-    /// The complete statement on `client`.
-    pub(crate) async fn complete_on(
+    /// A batch of claims: one statement per (abandoned policy, retention) among distinct
+    /// keys; a key claimed twice in one batch, and any claim the statement left unsettled,
+    /// runs on its own after.
+    async fn claim_batch(&self, jobs: Vec<Job<ClaimRequest, Result<Claim, StoreError>>>) {
+        let client = match self.client().await {
+            Ok(c) => c,
+            Err(e) => {
+                let why = e.to_string();
+                for (_, reply) in jobs {
+                    let _ = reply.send(Err(unavailable_because("claim", &why)));
+                }
+                return;
+            }
+        };
+        // A key claimed twice in one batch goes into the statement once; the others are
+        // answered from its row as if they came just after (in flight, a replay, a
+        // mismatch), or run alone when that row would let them acquire.
+        let mut groups: HashMap<(bool, Duration), Vec<_>> = HashMap::new();
+        let mut dups = Vec::new();
+        let mut seen = std::collections::HashSet::new();
+        for (req, reply) in jobs {
+            if seen.insert((req.scope.clone(), req.key.clone())) {
+                let policy = (req.on_abandoned == AbandonedPolicy::Retry, req.retention);
+                groups
+                    .entry(policy)
+                    .or_default()
+                    .push((req, FencingToken::random(), reply));
+            } else {
+                dups.push((req, reply));
+            }
+        }
+        let mut alone = Vec::new();
+        let mut all_rows = HashMap::new();
+        for ((retry, _), mut group) in groups {
+            group.sort_by(|a, b| (&a.0.scope, &a.0.key).cmp(&(&b.0.scope, &b.0.key)));
+            let reqs: Vec<_> = group.iter().map(|(r, t, _)| (r, *t)).collect();
+            let rows = self.claim_rows(&client, &reqs, retry).await;
+            for (req, token, reply) in group {
+                let id = (req.scope.as_str().to_owned(), req.key.as_str().to_owned());
+                let settled = match &rows {
+                    Ok(rows) => self.settle(&req, token, rows.get(&id)),
+                    // Nothing of a failed statement committed: each claim runs alone.
+                    Err(_) => Ok(None),
+                };
+                match settled {
+                    Ok(Some(answer)) => {
+                        let _ = reply.send(Ok(answer));
+                    }
+                    Ok(None) => alone.push((req, reply)),
+                    Err(e) => {
+                        let _ = reply.send(Err(e));
+                    }
+                }
+            }
+            if let Ok(rows) = rows {
+                all_rows.extend(rows);
+            }
+        }
+        for (req, reply) in dups {
+            let id = (req.scope.as_str().to_owned(), req.key.as_str().to_owned());
+            let row = all_rows.get(&id).map(|r| ClaimRow {
+                acquired: false,
+                now: r.now,
+                rec: r.rec.clone(),
+            });
+            match self.settle(&req, FencingToken::random(), row.as_ref()) {
+                Ok(Some(answer)) => {
+                    let _ = reply.send(Ok(answer));
+                }
+                Ok(None) => alone.push((req, reply)),
+                Err(e) => {
+                    let _ = reply.send(Err(e));
+                }
+            }
+        }
+        for (req, reply) in alone {
+            let _ = reply.send(self.claim_on(&client, &req).await);
+        }
+    }
+
+    /// Runs the complete statement for `items` (distinct keys); returns each key's record.
+    async fn complete_rows(
         &self,
         client: &impl GenericClient,
-        scope: &Scope,
-        key: &Key,
-        token: FencingToken,
-        response: &StoredResponse,
-    ) -> Result<Record, StoreError> {
+        items: &[&Completion],
+    ) -> Result<HashMap<(String, String), Record>, StoreError> {
         let stmt = client
             .prepare_cached(&self.sql.complete)
             .await
             .map_err(|e| unavailable("prepare complete", e))?;
-        let row = client
-            .query_opt(
-                &stmt,
-                &[
-                    &self.now(),
-                    &scope.as_str(),
-                    &key.as_str(),
-                    &token.as_i64(),
-                    &response.encode(),
-                ],
-            )
+        let scopes: Vec<&str> = items.iter().map(|c| c.scope.as_str()).collect();
+        let keys: Vec<&str> = items.iter().map(|c| c.key.as_str()).collect();
+        let tokens: Vec<i64> = items.iter().map(|c| c.token.as_i64()).collect();
+        let responses: Vec<&[u8]> = items.iter().map(|c| c.response.as_slice()).collect();
+        let rows = client
+            .query(&stmt, &[&self.now(), &scopes, &keys, &tokens, &responses])
             .await
             .map_err(|e| unavailable("complete", e))?;
-        match row {
-            Some(row) => record_of(&row)?
-                .ok_or_else(|| StoreError::Corrupt("postgres complete returned no record".into())),
-            None => Err(self.refusal(client, scope, key, token).await),
+        let mut out = HashMap::with_capacity(rows.len());
+        for row in rows {
+            if let Some(rec) = record_of(&row)? {
+                out.insert((rec.scope.as_str().to_owned(), rec.key.as_str().to_owned()), rec);
+            }
+        }
+        Ok(out)
+    }
+
+    /// One completion on `client`.
+    pub(crate) async fn complete_on(
+        &self,
+        client: &impl GenericClient,
+        c: &Completion,
+    ) -> Result<Record, StoreError> {
+        let mut rows = self.complete_rows(client, &[c]).await?;
+        match rows.remove(&(c.scope.as_str().to_owned(), c.key.as_str().to_owned())) {
+            Some(rec) if rec.token == c.token => Ok(rec),
+            _ => Err(self.refusal(client, &c.scope, &c.key, c.token).await),
+        }
+    }
+
+    /// A batch of completions; a key completed twice in one batch runs on its own after.
+    async fn complete_batch(&self, jobs: Vec<Job<Completion, Result<Record, StoreError>>>) {
+        let client = match self.client().await {
+            Ok(c) => c,
+            Err(e) => {
+                let why = e.to_string();
+                for (_, reply) in jobs {
+                    let _ = reply.send(Err(unavailable_because("complete", &why)));
+                }
+                return;
+            }
+        };
+        let mut seen = std::collections::HashSet::new();
+        let (mut batch, alone): (Vec<_>, Vec<_>) = jobs
+            .into_iter()
+            .partition(|(c, _)| seen.insert((c.scope.clone(), c.key.clone())));
+        // Key order: concurrent batches lock rows in one order and cannot deadlock.
+        batch.sort_by(|a, b| (&a.0.scope, &a.0.key).cmp(&(&b.0.scope, &b.0.key)));
+        let items: Vec<&Completion> = batch.iter().map(|(c, _)| c).collect();
+        let mut rows = self.complete_rows(&client, &items).await;
+        let mut again = alone;
+        for (c, reply) in batch {
+            let id = (c.scope.as_str().to_owned(), c.key.as_str().to_owned());
+            match rows.as_mut().map(|r| r.remove(&id)) {
+                Ok(Some(rec)) if rec.token == c.token => {
+                    let _ = reply.send(Ok(rec));
+                }
+                // Refused (the reason is read alone), or the statement failed and nothing
+                // of it committed.
+                _ => again.push((c, reply)),
+            }
+        }
+        for (c, reply) in again {
+            let _ = reply.send(self.complete_on(&client, &c).await);
         }
     }
 
@@ -289,8 +499,14 @@ impl Inner {
 impl Store for PgStore {
     async fn claim(&self, req: ClaimRequest) -> Result<Claim, StoreError> {
         let inner = &self.inner;
+        let batcher = inner.claims.get().ok_or_else(|| unavailable_because("claim", "closed"))?;
         inner
-            .bounded(async { inner.claim_on(&inner.client().await?, &req).await })
+            .bounded(async {
+                batcher
+                    .submit(req)
+                    .await
+                    .unwrap_or_else(|| Err(unavailable_because("claim", "store closed")))
+            })
             .await
     }
 
@@ -302,10 +518,22 @@ impl Store for PgStore {
         response: StoredResponse,
     ) -> Result<Record, StoreError> {
         let inner = &self.inner;
+        let batcher = inner
+            .completions
+            .get()
+            .ok_or_else(|| unavailable_because("complete", "closed"))?;
+        let job = Completion {
+            scope: scope.clone(),
+            key: key.clone(),
+            token,
+            response: response.encode(),
+        };
         inner
             .bounded(async {
-                let client = inner.client().await?;
-                inner.complete_on(&client, scope, key, token, &response).await
+                batcher
+                    .submit(job)
+                    .await
+                    .unwrap_or_else(|| Err(unavailable_because("complete", "store closed")))
             })
             .await
     }

@@ -58,8 +58,12 @@ impl PgStore {
         response: &StoredResponse,
     ) -> Result<Record, StoreError> {
         let inner = self.inner();
-        inner
-            .bounded(inner.complete_on(tx, scope, key, token, response))
-            .await
+        let completion = crate::store::Completion {
+            scope: scope.clone(),
+            key: key.clone(),
+            token,
+            response: response.encode(),
+        };
+        inner.bounded(inner.complete_on(tx, &completion)).await
     }
 }

@@ -1,0 +1,187 @@
+//! Claims per second on PostgreSQL: PgStore against the naive path a service writes by hand,
+//! one `INSERT ... ON CONFLICT DO NOTHING` (and for pairs, one `UPDATE`) per request on a
+//! pool of the same size. 32 concurrent claimers.
+//!
+//! Run: `cargo bench -p idem-store-postgres --bench claims` (server from IDEM_TEST_POSTGRES,
+//! default postgres://postgres@127.0.0.1:5432/test; a schema of its own, dropped after).
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
+use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
+use idem_core::{
+    AbandonedPolicy, Claim, ClaimRequest, Fingerprint, Key, Scope, Store, StoredResponse,
+};
+use idem_store_postgres::{PgOptions, PgStore};
+
+static NEXT: AtomicU64 = AtomicU64::new(0);
+const CONCURRENCY: u64 = 32;
+const BODY: &[u8] = br#"{"charge_id":"ch_123","amount":4900}"#;
+
+fn req(n: u64) -> ClaimRequest {
+    ClaimRequest {
+        scope: Scope::anonymous(),
+        key: Key::new(format!("bench-{n}")).unwrap_or_else(|e| panic!("{e}")),
+        fingerprint: Fingerprint::http("POST", "/v1/charges", None, &n.to_le_bytes()),
+        lease: Duration::from_secs(60),
+        retention: Duration::from_secs(3600),
+        on_abandoned: AbandonedPolicy::Reject,
+    }
+}
+
+fn fresh() -> ClaimRequest {
+    req(NEXT.fetch_add(1, Ordering::Relaxed))
+}
+
+#[derive(Clone, Copy)]
+enum Op {
+    Claim,
+    Pair,
+    Replay,
+    NaiveClaim,
+    NaivePair,
+}
+
+async fn one(store: &PgStore, naive: &Pool, op: Op) {
+    match op {
+        Op::Claim | Op::Pair => {
+            let r = fresh();
+            let (scope, key) = (r.scope.clone(), r.key.clone());
+            let Ok(Claim::Acquired(lease)) = store.claim(r).await else {
+                panic!("a fresh key was not acquired");
+            };
+            if matches!(op, Op::Pair) {
+                let resp = StoredResponse::new(201, BODY.to_vec());
+                if let Err(e) = store.complete(&scope, &key, lease.token, resp).await {
+                    panic!("complete: {e}");
+                }
+            }
+        }
+        Op::Replay => {
+            let Ok(Claim::Completed(_)) = store.claim(req(u64::MAX)).await else {
+                panic!("no replay");
+            };
+        }
+        Op::NaiveClaim | Op::NaivePair => {
+            let r = fresh();
+            let c = naive.get().await.unwrap_or_else(|e| panic!("{e}"));
+            let stmt = c
+                .prepare_cached(
+                    "INSERT INTO idem_bench_naive.records (key, fingerprint) VALUES ($1, $2) \
+                     ON CONFLICT DO NOTHING",
+                )
+                .await
+                .unwrap_or_else(|e| panic!("{e}"));
+            let n = c
+                .execute(&stmt, &[&r.key.as_str(), &r.fingerprint.as_bytes().as_slice()])
+                .await
+                .unwrap_or_else(|e| panic!("{e}"));
+            assert_eq!(n, 1);
+            if matches!(op, Op::NaivePair) {
+                let stmt = c
+                    .prepare_cached(
+                        "UPDATE idem_bench_naive.records SET response = $2 WHERE key = $1",
+                    )
+                    .await
+                    .unwrap_or_else(|e| panic!("{e}"));
+                c.execute(&stmt, &[&r.key.as_str(), &BODY])
+                    .await
+                    .unwrap_or_else(|e| panic!("{e}"));
+            }
+        }
+    }
+}
+
+fn run(rt: &tokio::runtime::Runtime, store: &PgStore, naive: &Pool, op: Op, iters: u64) -> Duration {
+    rt.block_on(async {
+        let start = Instant::now();
+        let tasks: Vec<_> = (0..CONCURRENCY)
+            .map(|t| {
+                let (store, naive) = (store.clone(), naive.clone());
+                let share = iters / CONCURRENCY + u64::from(t < iters % CONCURRENCY);
+                tokio::spawn(async move {
+                    for _ in 0..share {
+                        one(&store, &naive, op).await;
+                    }
+                })
+            })
+            .collect();
+        for t in tasks {
+            t.await.unwrap_or_else(|e| panic!("{e}"));
+        }
+        start.elapsed()
+    })
+}
+
+fn claims(c: &mut Criterion) {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap_or_else(|e| panic!("{e}"));
+    let url = std::env::var("IDEM_TEST_POSTGRES")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned());
+    let mut opts = PgOptions::from_url(&url).unwrap_or_else(|e| panic!("{e}"));
+    opts.schema = "idem_bench".into();
+    let (store, naive) = rt.block_on(async {
+        let store = PgStore::connect(opts.clone())
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        let manager = Manager::from_config(
+            opts.config.clone(),
+            tokio_postgres::NoTls,
+            ManagerConfig {
+                recycling_method: RecyclingMethod::Fast,
+            },
+        );
+        let naive = Pool::builder(manager)
+            .max_size(opts.pool_size)
+            .build()
+            .unwrap_or_else(|e| panic!("{e}"));
+        naive
+            .get()
+            .await
+            .unwrap_or_else(|e| panic!("{e}"))
+            .batch_execute(
+                "DROP SCHEMA IF EXISTS idem_bench_naive CASCADE; CREATE SCHEMA idem_bench_naive;
+                 CREATE TABLE idem_bench_naive.records (key text PRIMARY KEY, fingerprint bytea, response bytea);",
+            )
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        let r = req(u64::MAX);
+        let (scope, key) = (r.scope.clone(), r.key.clone());
+        if let Ok(Claim::Acquired(l)) = store.claim(r).await {
+            store
+                .complete(&scope, &key, l.token, StoredResponse::new(201, BODY.to_vec()))
+                .await
+                .unwrap_or_else(|e| panic!("{e}"));
+        }
+        (store, naive)
+    });
+    let mut group = c.benchmark_group("postgres");
+    group.throughput(Throughput::Elements(1));
+    group.measurement_time(Duration::from_secs(5));
+    group.sample_size(10);
+    for (name, op) in [
+        ("claim", Op::Claim),
+        ("naive_claim", Op::NaiveClaim),
+        ("claim_complete", Op::Pair),
+        ("naive_claim_complete", Op::NaivePair),
+        ("replay", Op::Replay),
+    ] {
+        group.bench_with_input(BenchmarkId::new(name, CONCURRENCY), &op, |b, &op| {
+            b.iter_custom(|iters| run(&rt, &store, &naive, op, iters));
+        });
+    }
+    group.finish();
+    rt.block_on(async {
+        let _ = store.drop_schema().await;
+        if let Ok(c) = naive.get().await {
+            let _ = c.batch_execute("DROP SCHEMA idem_bench_naive CASCADE").await;
+        }
+    });
+}
+
+criterion_group!(benches, claims);
+criterion_main!(benches);
