@@ -38,8 +38,7 @@ impl Relay {
         let accept = tokio::spawn(async move {
             while let Ok((mut client, _)) = listener.accept().await {
                 if !up2.load(Ordering::SeqCst) {
-                    // Down: the connection is refused the only way a listener can.
-                    let _ = client.set_linger(Some(Duration::ZERO));
+                    // Down: the connection is closed at once, as by a server that is going away.
                     drop(client);
                     continue;
                 }
@@ -62,7 +61,12 @@ impl Relay {
     /// The store goes away: open connections are cut, new ones reset.
     fn cut(&self) {
         self.up.store(false, Ordering::SeqCst);
-        for link in self.links.lock().unwrap_or_else(|e| e.into_inner()).drain(..) {
+        for link in self
+            .links
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .drain(..)
+        {
             link.abort();
         }
     }
@@ -89,7 +93,9 @@ async fn server(name: &str, addr: &str) -> Option<SocketAddr> {
     match TcpStream::connect(addr).await {
         Ok(_) => Some(addr),
         Err(e) if !services_required() => {
-            eprintln!("skipped: no {name} at {addr}: {e} (set IDEM_REQUIRE_SERVICES=1 to fail instead)");
+            eprintln!(
+                "skipped: no {name} at {addr}: {e} (set IDEM_REQUIRE_SERVICES=1 to fail instead)"
+            );
             None
         }
         Err(e) => panic!("{name} at {addr} is required: {e}"),
@@ -167,7 +173,11 @@ async fn outage_fails_closed_and_recovers(store: &str, relay: &Relay) {
             r.body
         );
     }
-    assert_eq!(up.0.load(Ordering::SeqCst), 1, "nothing ran while the store was away");
+    assert_eq!(
+        up.0.load(Ordering::SeqCst),
+        1,
+        "nothing ran while the store was away"
+    );
 
     relay.restore();
     let deadline = Instant::now() + Duration::from_secs(20);
@@ -183,7 +193,10 @@ async fn outage_fails_closed_and_recovers(store: &str, relay: &Relay) {
     assert!(again.replayed());
     assert_eq!(again.body, r.body);
     let before = charge_with(&b, "before", &[], BODY).await;
-    assert!(before.replayed(), "a record from before the outage is still there");
+    assert!(
+        before.replayed(),
+        "a record from before the outage is still there"
+    );
     assert_eq!(up.0.load(Ordering::SeqCst), 2);
 }
 

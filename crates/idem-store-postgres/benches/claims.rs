@@ -4,6 +4,7 @@
 //!
 //! Run: `cargo bench -p idem-store-postgres --bench claims` (server from IDEM_TEST_POSTGRES,
 //! default postgres://postgres@127.0.0.1:5432/test; a schema of its own, dropped after).
+//! IDEM_BENCH_BATCHES sets how many batched statements run at once (default 2).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -74,7 +75,10 @@ async fn one(store: &PgStore, naive: &Pool, op: Op) {
                 .await
                 .unwrap_or_else(|e| panic!("{e}"));
             let n = c
-                .execute(&stmt, &[&r.key.as_str(), &r.fingerprint.as_bytes().as_slice()])
+                .execute(
+                    &stmt,
+                    &[&r.key.as_str(), &r.fingerprint.as_bytes().as_slice()],
+                )
                 .await
                 .unwrap_or_else(|e| panic!("{e}"));
             assert_eq!(n, 1);
@@ -93,7 +97,13 @@ async fn one(store: &PgStore, naive: &Pool, op: Op) {
     }
 }
 
-fn run(rt: &tokio::runtime::Runtime, store: &PgStore, naive: &Pool, op: Op, iters: u64) -> Duration {
+fn run(
+    rt: &tokio::runtime::Runtime,
+    store: &PgStore,
+    naive: &Pool,
+    op: Op,
+    iters: u64,
+) -> Duration {
     rt.block_on(async {
         let start = Instant::now();
         let tasks: Vec<_> = (0..CONCURRENCY)
@@ -124,6 +134,12 @@ fn claims(c: &mut Criterion) {
         .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned());
     let mut opts = PgOptions::from_url(&url).unwrap_or_else(|e| panic!("{e}"));
     opts.schema = "idem_bench".into();
+    if let Some(n) = std::env::var("IDEM_BENCH_BATCHES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+    {
+        opts.batches_in_flight = n;
+    }
     let (store, naive) = rt.block_on(async {
         let store = PgStore::connect(opts.clone())
             .await
@@ -178,7 +194,9 @@ fn claims(c: &mut Criterion) {
     rt.block_on(async {
         let _ = store.drop_schema().await;
         if let Ok(c) = naive.get().await {
-            let _ = c.batch_execute("DROP SCHEMA idem_bench_naive CASCADE").await;
+            let _ = c
+                .batch_execute("DROP SCHEMA idem_bench_naive CASCADE")
+                .await;
         }
     });
 }

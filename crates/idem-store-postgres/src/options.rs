@@ -57,14 +57,6 @@ impl PgOptions {
             config.connect_timeout(Duration::from_secs(5));
         }
         config.keepalives(true);
-        // Plan each execution for its own parameters. A cached generic plan is made once,
-        // when the table may still be nearly empty; for a batch's key arrays it is a
-        // sequential scan, and it stays one while the table grows until the next ANALYZE.
-        let options = match config.get_options() {
-            Some(o) => format!("{o} -c plan_cache_mode=force_custom_plan"),
-            None => "-c plan_cache_mode=force_custom_plan".to_owned(),
-        };
-        config.options(&options);
         config.application_name("idem");
         Ok(PgOptions {
             config,

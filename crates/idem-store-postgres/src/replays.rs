@@ -24,8 +24,12 @@ pub(crate) struct Tally(Mutex<HashMap<(String, String, i64), i64>>);
 impl Tally {
     pub(crate) fn count(&self, scope: &Scope, key: &Key, token: FencingToken) {
         let mut map = self.0.lock().unwrap_or_else(PoisonError::into_inner);
-        *map.entry((scope.as_str().to_owned(), key.as_str().to_owned(), token.as_i64()))
-            .or_default() += 1;
+        *map.entry((
+            scope.as_str().to_owned(),
+            key.as_str().to_owned(),
+            token.as_i64(),
+        ))
+        .or_default() += 1;
     }
 
     fn take(&self) -> HashMap<(String, String, i64), i64> {
@@ -58,7 +62,7 @@ pub(crate) async fn flush_loop(store: Weak<Inner>) {
         }
         let written = inner
             .bounded(async {
-                let client = inner.client().await?;
+                let client = inner.after_commit_client().await?;
                 let stmt = client
                     .prepare_cached(&inner.sql.count_replays)
                     .await

@@ -23,6 +23,7 @@ fn plus(now: &str, ms: &str) -> String {
 pub(crate) struct Sql {
     pub(crate) claim: String,
     pub(crate) complete: String,
+    pub(crate) complete_one: String,
     pub(crate) release: String,
     pub(crate) extend: String,
     pub(crate) get: String,
@@ -109,6 +110,15 @@ WHERE NOT EXISTS (SELECT 1 FROM ins WHERE ins.scope = cur.scope AND ins.key = cu
                  expires_at = {exp}, response = u.response FROM t, u \
                  WHERE r.scope = u.scope AND r.key = u.key AND r.token = u.token \
                  AND r.completed_at IS NULL \
+                 RETURNING t.now, r.*",
+                exp = plus("t.now", "r.retention_ms"),
+            ),
+            // One completion, by primary key: in a service's transaction (which keeps
+            // its cached plans) and for a completion that runs alone.
+            complete_one: format!(
+                "WITH t AS ({NOW}) UPDATE {t} r SET completed_at = t.now, completed_by = 0, \
+                 expires_at = {exp}, response = $5 FROM t \
+                 WHERE r.scope = $2 AND r.key = $3 AND r.token = $4 AND r.completed_at IS NULL \
                  RETURNING t.now, r.*",
                 exp = plus("t.now", "r.retention_ms"),
             ),

@@ -53,6 +53,12 @@ pub struct PgStore {
 
 pub(crate) struct Inner {
     pool: Pool,
+    /// Connections whose commits do not wait for the disk and whose statements are planned
+    /// per execution: for completions, releases, extends, replay counts and purges. DESIGN
+    /// §9: a completion may be written asynchronously if before the lease could end; the
+    /// WAL writer flushes within a second, leases last tens of seconds. A claim is never
+    /// sent here: it must be durable before the effect runs.
+    after_commit: Pool,
     pub(crate) sql: Sql,
     schema: String,
     quoted: String,
@@ -76,24 +82,20 @@ impl PgStore {
     /// Connects, creating or checking the schema. Fails if the database cannot be reached
     /// within the operation timeout: a gateway should not start on a store it cannot use.
     pub async fn connect(opts: PgOptions) -> Result<Self, StoreError> {
-        let manager = Manager::from_config(
-            opts.config.clone(),
-            NoTls,
-            ManagerConfig {
-                recycling_method: RecyclingMethod::Fast,
-            },
+        let pool = new_pool(opts.config.clone(), opts.pool_size, opts.op_timeout)?;
+        let mut after_commit = opts.config.clone();
+        // Batches of completions join with key arrays: a plan cached while the table was
+        // small would scan it whole. Claims look keys up one by one and keep their plans.
+        let options = format!(
+            "{} -c synchronous_commit=off -c plan_cache_mode=force_custom_plan",
+            opts.config.get_options().unwrap_or_default()
         );
-        let pool = Pool::builder(manager)
-            .max_size(opts.pool_size.max(1))
-            .runtime(deadpool_postgres::Runtime::Tokio1)
-            .wait_timeout(Some(opts.op_timeout))
-            .create_timeout(Some(opts.op_timeout))
-            .recycle_timeout(Some(opts.op_timeout))
-            .build()
-            .map_err(|e| unavailable("pool", e))?;
+        after_commit.options(options.trim_start());
+        let after_commit = new_pool(after_commit, opts.pool_size.div_ceil(2), opts.op_timeout)?;
         let quoted = format!("\"{}\"", opts.schema);
         let inner = Arc::new(Inner {
             pool,
+            after_commit,
             sql: Sql::new(&quoted),
             schema: opts.schema,
             quoted,
@@ -113,23 +115,27 @@ impl PgStore {
         // The batchers hold the store weakly: dropping the last PgStore ends them.
         let in_flight = opts.batches_in_flight.max(1);
         let weak = Arc::downgrade(&inner);
-        let _ = inner.claims.set(Batcher::start(MAX_BATCH, in_flight, move |jobs| {
-            let weak = weak.clone();
-            async move {
-                if let Some(inner) = weak.upgrade() {
-                    inner.claim_batch(jobs).await;
+        let _ = inner
+            .claims
+            .set(Batcher::start(MAX_BATCH, in_flight, move |jobs| {
+                let weak = weak.clone();
+                async move {
+                    if let Some(inner) = weak.upgrade() {
+                        inner.claim_batch(jobs).await;
+                    }
                 }
-            }
-        }));
+            }));
         let weak = Arc::downgrade(&inner);
-        let _ = inner.completions.set(Batcher::start(MAX_BATCH, in_flight, move |jobs| {
-            let weak = weak.clone();
-            async move {
-                if let Some(inner) = weak.upgrade() {
-                    inner.complete_batch(jobs).await;
+        let _ = inner
+            .completions
+            .set(Batcher::start(MAX_BATCH, in_flight, move |jobs| {
+                let weak = weak.clone();
+                async move {
+                    if let Some(inner) = weak.upgrade() {
+                        inner.complete_batch(jobs).await;
+                    }
                 }
-            }
-        }));
+            }));
         Ok(PgStore { inner })
     }
 
@@ -169,6 +175,28 @@ impl PgStore {
     }
 }
 
+fn new_pool(
+    config: tokio_postgres::Config,
+    size: usize,
+    timeout: Duration,
+) -> Result<Pool, StoreError> {
+    let manager = Manager::from_config(
+        config,
+        NoTls,
+        ManagerConfig {
+            recycling_method: RecyclingMethod::Fast,
+        },
+    );
+    Pool::builder(manager)
+        .max_size(size.max(1))
+        .runtime(deadpool_postgres::Runtime::Tokio1)
+        .wait_timeout(Some(timeout))
+        .create_timeout(Some(timeout))
+        .recycle_timeout(Some(timeout))
+        .build()
+        .map_err(|e| unavailable("pool", e))
+}
+
 impl Inner {
     /// The time parameter: the injected clock's, or NULL for the database's.
     pub(crate) fn now(&self) -> Option<i64> {
@@ -176,7 +204,11 @@ impl Inner {
     }
 
     pub(crate) async fn client(&self) -> Result<Object, StoreError> {
-        self.pool
+        self.pool.get().await.map_err(|e| unavailable("connect", e))
+    }
+
+    pub(crate) async fn after_commit_client(&self) -> Result<Object, StoreError> {
+        self.after_commit
             .get()
             .await
             .map_err(|e| unavailable("connect", e))
@@ -254,7 +286,12 @@ impl Inner {
 
     /// The answer to `req` from its row, or `None` when a racing writer left the statement's
     /// snapshot behind and the claim must run again.
-    fn settle(&self, req: &ClaimRequest, token: FencingToken, row: Option<&ClaimRow>) -> Result<Option<Claim>, StoreError> {
+    fn settle(
+        &self,
+        req: &ClaimRequest,
+        token: FencingToken,
+        row: Option<&ClaimRow>,
+    ) -> Result<Option<Claim>, StoreError> {
         let Some(ClaimRow { acquired, now, rec }) = row else {
             return Ok(None);
         };
@@ -402,7 +439,10 @@ impl Inner {
         let mut out = HashMap::with_capacity(rows.len());
         for row in rows {
             if let Some(rec) = record_of(&row)? {
-                out.insert((rec.scope.as_str().to_owned(), rec.key.as_str().to_owned()), rec);
+                out.insert(
+                    (rec.scope.as_str().to_owned(), rec.key.as_str().to_owned()),
+                    rec,
+                );
             }
         }
         Ok(out)
@@ -414,16 +454,33 @@ impl Inner {
         client: &impl GenericClient,
         c: &Completion,
     ) -> Result<Record, StoreError> {
-        let mut rows = self.complete_rows(client, &[c]).await?;
-        match rows.remove(&(c.scope.as_str().to_owned(), c.key.as_str().to_owned())) {
-            Some(rec) if rec.token == c.token => Ok(rec),
-            _ => Err(self.refusal(client, &c.scope, &c.key, c.token).await),
+        let stmt = client
+            .prepare_cached(&self.sql.complete_one)
+            .await
+            .map_err(|e| unavailable("prepare complete", e))?;
+        let row = client
+            .query_opt(
+                &stmt,
+                &[
+                    &self.now(),
+                    &c.scope.as_str(),
+                    &c.key.as_str(),
+                    &c.token.as_i64(),
+                    &c.response,
+                ],
+            )
+            .await
+            .map_err(|e| unavailable("complete", e))?;
+        match row {
+            Some(row) => record_of(&row)?
+                .ok_or_else(|| StoreError::Corrupt("postgres complete returned no record".into())),
+            None => Err(self.refusal(client, &c.scope, &c.key, c.token).await),
         }
     }
 
     /// A batch of completions; a key completed twice in one batch runs on its own after.
     async fn complete_batch(&self, jobs: Vec<Job<Completion, Result<Record, StoreError>>>) {
-        let client = match self.client().await {
+        let client = match self.after_commit_client().await {
             Ok(c) => c,
             Err(e) => {
                 let why = e.to_string();
@@ -499,7 +556,10 @@ impl Inner {
 impl Store for PgStore {
     async fn claim(&self, req: ClaimRequest) -> Result<Claim, StoreError> {
         let inner = &self.inner;
-        let batcher = inner.claims.get().ok_or_else(|| unavailable_because("claim", "closed"))?;
+        let batcher = inner
+            .claims
+            .get()
+            .ok_or_else(|| unavailable_because("claim", "closed"))?;
         inner
             .bounded(async {
                 batcher
@@ -538,11 +598,16 @@ impl Store for PgStore {
             .await
     }
 
-    async fn release(&self, scope: &Scope, key: &Key, token: FencingToken) -> Result<(), StoreError> {
+    async fn release(
+        &self,
+        scope: &Scope,
+        key: &Key,
+        token: FencingToken,
+    ) -> Result<(), StoreError> {
         let inner = &self.inner;
         inner
             .bounded(async {
-                let client = inner.client().await?;
+                let client = inner.after_commit_client().await?;
                 let stmt = client
                     .prepare_cached(&inner.sql.release)
                     .await
@@ -570,7 +635,7 @@ impl Store for PgStore {
         let inner = &self.inner;
         inner
             .bounded(async {
-                let client = inner.client().await?;
+                let client = inner.after_commit_client().await?;
                 let stmt = client
                     .prepare_cached(&inner.sql.extend)
                     .await
@@ -615,7 +680,7 @@ impl Store for PgStore {
         let limit = i64::try_from(limit).unwrap_or(i64::MAX);
         inner
             .bounded(async {
-                let client = inner.client().await?;
+                let client = inner.after_commit_client().await?;
                 let stmt = client
                     .prepare_cached(&inner.sql.purge)
                     .await

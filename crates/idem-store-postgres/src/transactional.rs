@@ -28,7 +28,9 @@
 //! Run the transaction at READ COMMITTED (PostgreSQL's default): the claim re-reads the key
 //! after waiting on a racer, which a REPEATABLE READ snapshot would not allow.
 
-use idem_core::{Claim, ClaimRequest, FencingToken, Key, Record, Scope, StoreError, StoredResponse};
+use idem_core::{
+    Claim, ClaimRequest, FencingToken, Key, Record, Scope, StoreError, StoredResponse,
+};
 
 use crate::PgStore;
 

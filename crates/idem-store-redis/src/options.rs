@@ -88,7 +88,10 @@ mod tests {
     #[test]
     fn prefix_comes_out_of_the_url() {
         let o = RedisOptions::from_url("redis://127.0.0.1:6379/2?prefix=t-1").expect("parses");
-        assert_eq!((o.prefix.as_str(), o.url.as_str()), ("t-1", "redis://127.0.0.1:6379/2"));
+        assert_eq!(
+            (o.prefix.as_str(), o.url.as_str()),
+            ("t-1", "redis://127.0.0.1:6379/2")
+        );
         let o = RedisOptions::from_url("redis://127.0.0.1").expect("parses");
         assert_eq!(o.prefix, DEFAULT_PREFIX);
     }

@@ -138,8 +138,7 @@ impl RedisStore {
     /// Runs a script within the operation timeout.
     async fn run(&self, invocation: ScriptInvocation<'_>) -> Result<Value, StoreError> {
         let mut con = self.inner.con.clone();
-        match tokio::time::timeout(self.inner.op_timeout, invocation.invoke_async(&mut con)).await
-        {
+        match tokio::time::timeout(self.inner.op_timeout, invocation.invoke_async(&mut con)).await {
             Ok(r) => r.map_err(|e| unavailable("script", e)),
             Err(_) => Err(unavailable("script", "timed out")),
         }
@@ -260,7 +259,12 @@ impl Store for RedisStore {
         }
     }
 
-    async fn release(&self, scope: &Scope, key: &Key, token: FencingToken) -> Result<(), StoreError> {
+    async fn release(
+        &self,
+        scope: &Scope,
+        key: &Key,
+        token: FencingToken,
+    ) -> Result<(), StoreError> {
         let mut inv = self.inner.scripts.release.prepare_invoke();
         inv.key(self.record_key(scope, key))
             .arg(self.now_arg())

@@ -19,7 +19,10 @@ struct Args {
     #[arg(long, default_value = "127.0.0.1:3000")]
     listen: SocketAddr,
     /// The database, with ?schema=NAME for the schema holding charges and records.
-    #[arg(long, default_value = "postgres://postgres@127.0.0.1:5432/test?schema=charges")]
+    #[arg(
+        long,
+        default_value = "postgres://postgres@127.0.0.1:5432/test?schema=charges"
+    )]
     db: String,
     /// For the crash test: pause between writing and committing, e.g. 60s.
     #[arg(long, value_parser = humantime::parse_duration)]
@@ -32,7 +35,9 @@ async fn main() -> anyhow::Result<()> {
     let store = PgStore::connect_url(&args.db)
         .await
         .context("cannot open the database")?;
-    migrate(&store).await.context("cannot create the charges table")?;
+    migrate(&store)
+        .await
+        .context("cannot create the charges table")?;
     let listener = tokio::net::TcpListener::bind(args.listen)
         .await
         .with_context(|| format!("cannot listen on {}", args.listen))?;

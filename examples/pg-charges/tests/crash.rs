@@ -5,7 +5,6 @@
 
 use std::io::{BufRead, BufReader, Lines};
 use std::process::{Child, ChildStdout, Command, Stdio};
-use std::time::Duration;
 
 use idem_core::{Key, Scope, Store};
 use idem_store_postgres::PgStore;
@@ -37,7 +36,9 @@ fn start(db: &str, hold: bool) -> Server {
     if hold {
         cmd.args(["--hold-before-commit", "60s"]);
     }
-    let mut child = cmd.spawn().unwrap_or_else(|e| panic!("spawn pg-charges: {e}"));
+    let mut child = cmd
+        .spawn()
+        .unwrap_or_else(|e| panic!("spawn pg-charges: {e}"));
     let stdout = child.stdout.take().unwrap_or_else(|| panic!("no stdout"));
     let mut lines = BufReader::new(stdout).lines();
     let first = lines
@@ -86,7 +87,9 @@ const BODY: &str = r#"{"customer_id":"cus_1","amount_cents":4900}"#;
 async fn a_crash_between_effect_and_commit_leaves_neither() {
     if let Err(e) = std::net::TcpStream::connect(PG) {
         assert!(!services_required(), "PostgreSQL at {PG} is required: {e}");
-        eprintln!("skipped: no PostgreSQL at {PG}: {e} (set IDEM_REQUIRE_SERVICES=1 to fail instead)");
+        eprintln!(
+            "skipped: no PostgreSQL at {PG}: {e} (set IDEM_REQUIRE_SERVICES=1 to fail instead)"
+        );
         return;
     }
     let schema = format!("charges_{:016x}", rand::random::<u64>());
@@ -119,7 +122,11 @@ async fn a_crash_between_effect_and_commit_leaves_neither() {
 
     // 2. Neither the charge nor the record exists.
     let server = start(&db, false);
-    assert_eq!(charges(&server.addr).await, 0, "the charge survived the crash");
+    assert_eq!(
+        charges(&server.addr).await,
+        0,
+        "the charge survived the crash"
+    );
     let store = PgStore::connect_url(&db)
         .await
         .unwrap_or_else(|e| panic!("{e}"));
@@ -139,9 +146,13 @@ async fn a_crash_between_effect_and_commit_leaves_neither() {
         .await
         .unwrap_or_else(|e| panic!("{e}"));
     assert_eq!((again.0, again.1, &again.2), (201, true, &first.2));
-    let other = charge(&server.addr, "order-1", r#"{"customer_id":"cus_1","amount_cents":1}"#)
-        .await
-        .unwrap_or_else(|e| panic!("{e}"));
+    let other = charge(
+        &server.addr,
+        "order-1",
+        r#"{"customer_id":"cus_1","amount_cents":1}"#,
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(other.0, 422, "{}", other.2);
     assert_eq!(charges(&server.addr).await, 1);
 

@@ -95,7 +95,8 @@ impl Columns {
             Some(1) => Some(CompletedBy::Operator),
             Some(n) => return Err(corrupt(format!("completed_by {n}"))),
         };
-        let count = |n: i64, what: &str| u32::try_from(n).map_err(|_| corrupt(format!("{what} {n}")));
+        let count =
+            |n: i64, what: &str| u32::try_from(n).map_err(|_| corrupt(format!("{what} {n}")));
         let retention = u64::try_from(self.retention_ms)
             .map_err(|_| corrupt(format!("retention {}", self.retention_ms)))?;
         Ok(Record {

@@ -13,8 +13,8 @@
 //! since nobody will execute; otherwise the record stays in flight until its lease ends and
 //! then reads as abandoned, which is safe (nothing executes twice) but needs `idem resolve`.
 
-mod error;
 pub mod columns;
+mod error;
 pub mod memory;
 
 use std::future::Future;
