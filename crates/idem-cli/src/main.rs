@@ -36,6 +36,8 @@ fn main() -> ExitCode {
             Command::Demo(args) => commands::demo::run(args).await,
             Command::ExampleApi(args) => commands::demo::example_api(args).await,
             Command::Serve(args) => commands::serve::run(args).await,
+            Command::Mcp(args) => commands::mcp::run(args).await,
+            Command::ExampleMcp(args) => commands::mcp::example(args).await,
             Command::Key(args) => commands::key::run(args),
             Command::Inspect(args) => commands::inspect::run(args).await,
             Command::Resolve(args) => commands::resolve::run(args).await,
