@@ -44,6 +44,9 @@ fn main() -> ExitCode {
             Command::Gc(args) => commands::gc::run(args).await,
         }
     });
+    // A blocking read of stdin (an MCP client that keeps it open after SIGTERM) would hold
+    // the runtime's drop forever; the command's work is done, so give stragglers a moment.
+    runtime.shutdown_timeout(std::time::Duration::from_secs(2));
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {

@@ -33,6 +33,7 @@ use idem_core::{
 use idem_http::waiters::{Running, Waiters};
 use rmcp::model::{CallToolResult, ContentBlock, ErrorCode, ErrorData, MetaObject};
 use serde_json::{Value, json};
+use tokio_util::task::TaskTracker;
 
 use crate::policy::ToolPolicy;
 
@@ -66,6 +67,7 @@ pub type Reply = Result<CallToolResult, ErrorData>;
 pub struct Guard<S> {
     engine: Engine<S>,
     waiters: Arc<Waiters>,
+    tasks: TaskTracker,
 }
 
 impl<S> Clone for Guard<S>
@@ -76,6 +78,7 @@ where
         Guard {
             engine: self.engine.clone(),
             waiters: self.waiters.clone(),
+            tasks: self.tasks.clone(),
         }
     }
 }
@@ -93,7 +96,18 @@ impl<S: Store + Clone> Guard<S> {
         Guard {
             engine: Engine::new(store),
             waiters: Arc::default(),
+            tasks: TaskTracker::new(),
         }
+    }
+
+    /// Waits, at most `grace`, for the calls still executing to finish and be stored; returns
+    /// how many were still running when it gave up. A proxy calls it when its client has gone
+    /// (or on SIGTERM) before closing the upstream, so that a call already forwarded is kept
+    /// and replayed rather than left abandoned.
+    pub async fn drain(&self, grace: Duration) -> usize {
+        self.tasks.close();
+        let _ = tokio::time::timeout(grace, self.tasks.wait()).await;
+        self.tasks.len()
     }
 
     /// Runs `forward` at most once for (scope, key) and `fingerprint`, or answers what the
@@ -111,7 +125,7 @@ impl<S: Store + Clone> Guard<S> {
         F: FnOnce() -> Fut + Send + 'static,
         Fut: Future<Output = Forwarded> + Send + 'static,
     {
-        let task = tokio::spawn(self.clone().run(
+        let task = self.tasks.spawn(self.clone().run(
             tool.to_owned(),
             scope,
             key,

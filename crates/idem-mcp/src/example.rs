@@ -131,7 +131,7 @@ impl ExampleServer {
     /// Serves on this process's stdin and stdout until the client goes away.
     pub async fn serve_stdio(self) -> Result<()> {
         let running = self
-            .serve(rmcp::transport::stdio())
+            .serve(rmcp::transport::io::stdio_pipes())
             .await
             .context("the MCP client did not initialize")?;
         let _ = running.waiting().await;

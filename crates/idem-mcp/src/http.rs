@@ -109,7 +109,8 @@ pub async fn serve<S: Store + Clone>(
         policies,
         ScopeBy::Headers(scope_headers),
     );
-    let served = serve_handler(proxy, &options, on_bound, shutdown).await;
-    drop(client);
+    let served = serve_handler(proxy.clone(), &options, on_bound, shutdown).await;
+    proxy.drain(crate::stdio::DRAIN).await;
+    let _ = client.cancel().await;
     served
 }

@@ -86,6 +86,17 @@ impl<S: Store + Clone> Proxy<S> {
         }
     }
 
+    /// Waits, at most `grace`, for effect calls still executing (see [`Guard::drain`]).
+    pub async fn drain(&self, grace: std::time::Duration) {
+        let left = self.guard.drain(grace).await;
+        if left > 0 {
+            tracing::warn!(
+                left,
+                "tool calls still running at shutdown; their keys will read as abandoned"
+            );
+        }
+    }
+
     fn scope_of(&self, context: &RequestContext<RoleServer>) -> Scope {
         match &self.scope {
             ScopeBy::Fixed(s) => s.clone(),

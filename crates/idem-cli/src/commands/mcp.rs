@@ -82,7 +82,15 @@ pub(crate) async fn run(args: McpArgs) -> Result<()> {
         .or_else(|| policies.scope.clone())
         .unwrap_or_else(|| DEFAULT_SCOPE.to_owned());
     let scope = Scope::new(label.clone()).with_context(|| format!("scope {label:?}"))?;
-    idem_mcp::stdio::serve(program, command.collect(), store, policies, scope).await
+    idem_mcp::stdio::serve(
+        program,
+        command.collect(),
+        store,
+        policies,
+        scope,
+        shutdown_signal(),
+    )
+    .await
 }
 
 fn header(h: &str) -> Result<(HeaderName, HeaderValue)> {
