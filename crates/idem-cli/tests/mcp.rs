@@ -317,11 +317,12 @@ async fn leave_mid_call(sigterm: bool) {
         .expect("spawn idem mcp");
     let mut stdin = proxy.stdin.take().expect("stdin");
     let mut stdout = BufReader::new(proxy.stdout.take().expect("stdout"));
-    let mut send = |v: Value| {
+    fn send(stdin: &mut std::process::ChildStdin, v: Value) {
         writeln!(stdin, "{v}").expect("write to the proxy");
         stdin.flush().expect("flush");
-    };
+    }
     send(
+        &mut stdin,
         json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
         "protocolVersion": "2025-06-18", "capabilities": {},
         "clientInfo": {"name": "raw", "version": "0"}}}),
@@ -329,16 +330,19 @@ async fn leave_mid_call(sigterm: bool) {
     let mut line = String::new();
     stdout.read_line(&mut line).expect("initialize answered");
     assert!(line.contains("\"id\":1"), "{line}");
-    send(json!({"jsonrpc": "2.0", "method": "notifications/initialized"}));
+    send(
+        &mut stdin,
+        json!({"jsonrpc": "2.0", "method": "notifications/initialized"}),
+    );
     // Not listed first: the proxy asks the upstream what charge_card is.
     send(
+        &mut stdin,
         json!({"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {
         "name": "charge_card",
         "arguments": {"customer": "cus_3", "amount_cents": 300, "delay_ms": 1000,
                       "idempotency_key": "gone-1"}}}),
     );
     tokio::time::sleep(Duration::from_millis(300)).await;
-    drop(send);
     if sigterm {
         let status = Command::new("kill")
             .arg("-TERM")
