@@ -37,6 +37,22 @@ pub(crate) enum Command {
     /// Routes, limits, timeouts and the admin listener come from --config FILE (TOML; see
     /// docs/gateway.md). Flags override IDEM_* environment variables, which override the file.
     Serve(ServeArgs),
+    /// Put idem in front of an MCP server: its side-effecting tools become safe to retry.
+    ///
+    /// Over stdio (what MCP clients' configs launch), the upstream server is spawned:
+    ///
+    ///   idem mcp --store sqlite:idem.db -- my-mcp-server --its-flags
+    ///
+    /// Over streamable HTTP on both sides:
+    ///
+    ///   idem mcp --listen 127.0.0.1:8090 --upstream-url http://127.0.0.1:3001/mcp
+    ///
+    /// Each effect tool gets a required idempotency_key argument; a repeated key returns the
+    /// first result (marked _meta.idem.replayed) without running the tool again. See
+    /// docs/mcp.md.
+    Mcp(McpArgs),
+    /// Run the example MCP server (charge_card is deliberately not idempotent).
+    ExampleMcp(ExampleMcpArgs),
     /// Derive the idempotency key of an intent (idem/v1; see docs/key-derivation.md).
     Key(KeyArgs),
     /// Print one record's whole story: state, fingerprint, times, counters, stored response.
@@ -223,4 +239,48 @@ pub(crate) struct ExampleApiArgs {
     /// The SQLite file that holds the charges.
     #[arg(long, default_value = "charges.db")]
     pub(crate) db: PathBuf,
+}
+
+#[derive(Debug, Args)]
+#[command(group(clap::ArgGroup::new("transport").required(true).args(["command", "listen"])))]
+pub(crate) struct McpArgs {
+    /// The store: sqlite:PATH or memory:.
+    #[arg(long, env = "IDEM_STORE", default_value = DEFAULT_STORE, value_name = "URL")]
+    pub(crate) store: StoreUrl,
+    /// TOML file: per-tool class, retention, wait and unknown-outcome policy (docs/mcp.md).
+    #[arg(long, env = "IDEM_MCP_POLICY", value_name = "FILE")]
+    pub(crate) policy: Option<PathBuf>,
+    /// Over stdio: the scope of every key (the policy file's `scope`, else "mcp"). Keep it
+    /// the same across restarts so a reconnecting runtime gets its replays.
+    #[arg(long, value_name = "SCOPE", conflicts_with = "listen")]
+    pub(crate) scope: Option<String>,
+    /// Serve streamable HTTP at http://ADDR/mcp instead of stdio (needs --upstream-url).
+    #[arg(long, value_name = "ADDR", value_parser = socket_addr, requires = "upstream_url")]
+    pub(crate) listen: Option<std::net::SocketAddr>,
+    /// The upstream MCP server's streamable HTTP endpoint, e.g. http://127.0.0.1:3001/mcp.
+    #[arg(long, value_name = "URL", requires = "listen")]
+    pub(crate) upstream_url: Option<String>,
+    /// A header sent to the upstream on every request, as 'NAME: VALUE' (repeatable).
+    #[arg(long, value_name = "NAME: VALUE", requires = "listen")]
+    pub(crate) upstream_header: Vec<String>,
+    /// Over HTTP: a header naming the caller, hashed into the scope (repeatable; default
+    /// the policy file's scope_headers, else authorization).
+    #[arg(long, value_name = "NAME", requires = "listen")]
+    pub(crate) scope_header: Vec<String>,
+    /// Over HTTP: a Host the server answers to besides loopback (repeatable).
+    #[arg(long, value_name = "HOST", requires = "listen")]
+    pub(crate) allowed_host: Vec<String>,
+    /// The upstream MCP server to spawn, and its arguments (after --).
+    #[arg(last = true, value_name = "COMMAND")]
+    pub(crate) command: Vec<std::ffi::OsString>,
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct ExampleMcpArgs {
+    /// The SQLite file that holds the charges and e-mails.
+    #[arg(long, default_value = "example-mcp.db", value_name = "FILE")]
+    pub(crate) db: PathBuf,
+    /// Serve streamable HTTP at http://ADDR/mcp instead of stdio.
+    #[arg(long, value_name = "ADDR", value_parser = socket_addr)]
+    pub(crate) listen: Option<std::net::SocketAddr>,
 }

@@ -36,12 +36,17 @@ fn main() -> ExitCode {
             Command::Demo(args) => commands::demo::run(args).await,
             Command::ExampleApi(args) => commands::demo::example_api(args).await,
             Command::Serve(args) => commands::serve::run(args).await,
+            Command::Mcp(args) => commands::mcp::run(args).await,
+            Command::ExampleMcp(args) => commands::mcp::example(args).await,
             Command::Key(args) => commands::key::run(args),
             Command::Inspect(args) => commands::inspect::run(args).await,
             Command::Resolve(args) => commands::resolve::run(args).await,
             Command::Gc(args) => commands::gc::run(args).await,
         }
     });
+    // A blocking read of stdin (an MCP client that keeps it open after SIGTERM) would hold
+    // the runtime's drop forever; the command's work is done, so give stragglers a moment.
+    runtime.shutdown_timeout(std::time::Duration::from_secs(2));
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {

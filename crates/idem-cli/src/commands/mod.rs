@@ -4,5 +4,6 @@ pub(crate) mod demo;
 pub(crate) mod gc;
 pub(crate) mod inspect;
 pub(crate) mod key;
+pub(crate) mod mcp;
 pub(crate) mod resolve;
 pub(crate) mod serve;

@@ -46,7 +46,7 @@ pub(crate) async fn run(args: ServeArgs) -> Result<()> {
 }
 
 /// SIGTERM or Ctrl-C.
-async fn shutdown_signal() {
+pub(crate) async fn shutdown_signal() {
     let ctrl_c = async {
         let _ = tokio::signal::ctrl_c().await;
     };

@@ -1,0 +1,147 @@
+"""`idem mcp` driven by a client nobody here wrote: the official MCP Python SDK (`pip install mcp`).
+
+Spawns `idem mcp --store sqlite:... -- idem example-mcp --db ...` over stdio and checks DESIGN §8
+from the outside. Run: python3 -m unittest test_mcp_proxy (after `cargo build -p idem-cli`).
+
+The idem binary is $IDEM_BIN, else target/debug/idem under $CARGO_TARGET_DIR or the repository.
+Without the `mcp` package or the binary the tests skip with the reason, unless
+IDEM_REQUIRE_SERVICES=1 (CI), where they fail.
+"""
+
+import os
+import pathlib
+import sqlite3
+import tempfile
+import unittest
+
+REPO = pathlib.Path(__file__).resolve().parents[2]
+REQUIRED = os.environ.get("IDEM_REQUIRE_SERVICES") == "1"
+
+
+def idem_binary():
+    if os.environ.get("IDEM_BIN"):
+        return pathlib.Path(os.environ["IDEM_BIN"])
+    target = pathlib.Path(os.environ.get("CARGO_TARGET_DIR") or REPO / "target")
+    if not target.is_absolute():
+        target = REPO / target
+    return target / "debug" / "idem"
+
+
+def missing():
+    """Why these tests cannot run here, or None."""
+    try:
+        import mcp  # noqa: F401
+    except ImportError:
+        return "the official MCP Python SDK is not installed (pip install mcp)"
+    if not idem_binary().is_file():
+        return f"no idem binary at {idem_binary()} (cargo build -p idem-cli, or set IDEM_BIN)"
+    return None
+
+
+WHY = missing()
+if WHY and REQUIRED:
+    raise RuntimeError(f"IDEM_REQUIRE_SERVICES=1 but {WHY}")
+if WHY:
+    print(f"skipping the MCP proxy tests: {WHY}")
+
+
+def text(result):
+    return "".join(c.text for c in result.content if getattr(c, "type", None) == "text")
+
+
+def idem_meta(result):
+    return (result.meta or {}).get("idem") or {}
+
+
+@unittest.skipIf(WHY is not None, WHY or "")
+class PythonClientThroughStdioProxy(unittest.IsolatedAsyncioTestCase):
+    def setUp(self):
+        self.dir = tempfile.TemporaryDirectory(prefix="idem-mcp-py-")
+        self.store = os.path.join(self.dir.name, "idem.db")
+        self.charges = os.path.join(self.dir.name, "charges.db")
+
+    def tearDown(self):
+        self.dir.cleanup()
+
+    def count_charges(self):
+        with sqlite3.connect(self.charges) as db:
+            return db.execute("SELECT COUNT(*) FROM charges").fetchone()[0]
+
+    def session(self):
+        from contextlib import asynccontextmanager
+
+        from mcp import ClientSession, StdioServerParameters
+        from mcp.client.stdio import stdio_client
+
+        idem = str(idem_binary())
+        params = StdioServerParameters(
+            command=idem,
+            args=["mcp", "--store", f"sqlite:{self.store}", "--", idem, "example-mcp", "--db", self.charges],
+        )
+
+        @asynccontextmanager
+        async def connected():
+            async with stdio_client(params) as (read, write):
+                async with ClientSession(read, write) as session:
+                    await session.initialize()
+                    yield session
+
+        return connected()
+
+    async def test_tools_list_asks_for_a_key_on_effect_tools_only(self):
+        async with self.session() as s:
+            tools = {t.name: t for t in (await s.list_tools()).tools}
+        for name in ("charge_card", "send_email"):
+            schema = tools[name].input_schema
+            self.assertEqual(schema["properties"]["idempotency_key"]["type"], "string")
+            self.assertIn("idempotency_key", schema["required"])
+            self.assertIn("same key", tools[name].description)
+        self.assertNotIn("idempotency_key", tools["get_balance"].input_schema.get("properties", {}))
+
+    async def test_same_key_twice_charges_once_and_replays(self):
+        args = {"customer": "cus_py", "amount_cents": 4900, "idempotency_key": "py-turn-1-charge"}
+        async with self.session() as s:
+            first = await s.call_tool("charge_card", args)
+            second = await s.call_tool("charge_card", dict(args))
+        self.assertFalse(first.is_error, text(first))
+        self.assertEqual(idem_meta(first), {})
+        self.assertFalse(second.is_error)
+        self.assertEqual(text(second), text(first))
+        self.assertEqual(second.structured_content, first.structured_content)
+        self.assertEqual(idem_meta(second), {"replayed": True, "key": "py-turn-1-charge"})
+        self.assertEqual(self.count_charges(), 1)
+
+    async def test_a_new_proxy_process_replays_the_key(self):
+        # A runtime that restarted mid-turn reconnects through a new proxy (DESIGN §8).
+        args = {"customer": "cus_py", "amount_cents": 100, "idempotency_key": "py-restart"}
+        async with self.session() as s:
+            first = await s.call_tool("charge_card", args)
+        async with self.session() as s:
+            again = await s.call_tool("charge_card", args)
+        self.assertEqual(text(again), text(first))
+        self.assertTrue(idem_meta(again).get("replayed"))
+        self.assertEqual(self.count_charges(), 1)
+
+    async def test_refusals_are_tool_errors_and_charge_nothing(self):
+        async with self.session() as s:
+            await s.call_tool("charge_card", {"customer": "c", "amount_cents": 1, "idempotency_key": "k"})
+            changed = await s.call_tool("charge_card", {"customer": "c", "amount_cents": 2, "idempotency_key": "k"})
+            missing_key = await s.call_tool("charge_card", {"customer": "c", "amount_cents": 1})
+            bad_key = await s.call_tool("charge_card", {"customer": "c", "amount_cents": 1, "idempotency_key": "a b"})
+            balance = await s.call_tool("get_balance", {"customer": "c"})
+        self.assertTrue(changed.is_error)
+        self.assertEqual(idem_meta(changed).get("problem"), "key-reused")
+        self.assertIn("different call", text(changed))
+        self.assertTrue(missing_key.is_error)
+        self.assertEqual(idem_meta(missing_key).get("problem"), "key-missing")
+        self.assertIn("idempotency_key", text(missing_key))
+        self.assertEqual(idem_meta(bad_key).get("problem"), "key-invalid")
+        # The read tool passes straight through: no key, no marker, and it sees one charge.
+        self.assertFalse(balance.is_error, text(balance))
+        self.assertEqual(idem_meta(balance), {})
+        self.assertEqual(balance.structured_content["charges"], 1)
+        self.assertEqual(self.count_charges(), 1)
+
+
+if __name__ == "__main__":
+    unittest.main()

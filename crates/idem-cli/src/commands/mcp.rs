@@ -1,0 +1,126 @@
+//! `idem mcp`: the MCP proxy, and `idem example-mcp`: the example MCP server.
+
+use std::collections::HashMap;
+
+use anyhow::{Context, Result, bail};
+use http::{HeaderName, HeaderValue};
+use idem_core::Scope;
+use idem_mcp::Policies;
+use idem_mcp::example::ExampleServer;
+use idem_mcp::http::{HttpOptions, Upstream};
+use idem_mcp::policy::DEFAULT_SCOPE;
+
+use crate::cli::{ExampleMcpArgs, McpArgs};
+use crate::commands::serve::shutdown_signal;
+
+pub(crate) async fn run(args: McpArgs) -> Result<()> {
+    let policies = match &args.policy {
+        Some(path) => Policies::load(path)?,
+        None => Policies::default(),
+    };
+    let store = args
+        .store
+        .open(false)
+        .await
+        .with_context(|| format!("cannot open the store {}", args.store))?;
+    if let Some(listen) = args.listen {
+        let Some(url) = args.upstream_url.clone() else {
+            bail!("--listen needs --upstream-url");
+        };
+        if !args.command.is_empty() {
+            bail!("give either --listen with --upstream-url, or a command after --, not both");
+        }
+        let mut headers = HashMap::new();
+        for h in &args.upstream_header {
+            let (name, value) = header(h).with_context(|| format!("--upstream-header {h:?}"))?;
+            headers.insert(name, value);
+        }
+        let names: Vec<String> = if args.scope_header.is_empty() {
+            policies
+                .scope_headers
+                .clone()
+                .unwrap_or_else(|| vec!["authorization".into()])
+        } else {
+            args.scope_header.clone()
+        };
+        let scope_headers = names
+            .iter()
+            .map(|n| {
+                HeaderName::from_bytes(n.trim().as_bytes())
+                    .with_context(|| format!("{n:?} is not a header name"))
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let options = HttpOptions {
+            listen,
+            allowed_hosts: args.allowed_host.clone(),
+        };
+        let store_url = args.store.to_string();
+        let announce = {
+            let url = url.clone();
+            move |addr| {
+                println!(
+                    "idem mcp: listening on http://{addr}/mcp; upstream {url}; store {store_url}"
+                );
+            }
+        };
+        return idem_mcp::http::serve(
+            options,
+            Upstream { url, headers },
+            store,
+            policies,
+            scope_headers,
+            announce,
+            shutdown_signal(),
+        )
+        .await;
+    }
+    let mut command = args.command.into_iter();
+    let Some(program) = command.next() else {
+        bail!("name the upstream MCP server to run after --, e.g. idem mcp -- my-server --flag");
+    };
+    let label = args
+        .scope
+        .or_else(|| policies.scope.clone())
+        .unwrap_or_else(|| DEFAULT_SCOPE.to_owned());
+    let scope = Scope::new(label.clone()).with_context(|| format!("scope {label:?}"))?;
+    idem_mcp::stdio::serve(
+        program,
+        command.collect(),
+        store,
+        policies,
+        scope,
+        shutdown_signal(),
+    )
+    .await
+}
+
+fn header(h: &str) -> Result<(HeaderName, HeaderValue)> {
+    let (name, value) = h.split_once(':').context("expected 'NAME: VALUE'")?;
+    Ok((
+        HeaderName::from_bytes(name.trim().as_bytes()).context("not a header name")?,
+        HeaderValue::from_str(value.trim()).context("not a header value")?,
+    ))
+}
+
+pub(crate) async fn example(args: ExampleMcpArgs) -> Result<()> {
+    let server = ExampleServer::open(&args.db)?;
+    match args.listen {
+        None => server.serve_stdio().await,
+        Some(listen) => {
+            let db = args.db.display().to_string();
+            let options = HttpOptions {
+                listen,
+                allowed_hosts: Vec::new(),
+            };
+            idem_mcp::http::serve_handler(
+                server,
+                &options,
+                move |addr| {
+                    println!("idem example-mcp: listening on http://{addr}/mcp; charges in {db}");
+                },
+                shutdown_signal(),
+            )
+            .await
+        }
+    }
+}

@@ -1,0 +1,377 @@
+//! `idem mcp` end to end: an rmcp client talks to the real `idem` binary, which spawns (stdio)
+//! or connects to (streamable HTTP) the example MCP server `idem example-mcp`, whose charges
+//! are rows in a SQLite file counted here.
+
+use std::collections::HashMap;
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use rmcp::model::{CallToolRequestParams, CallToolResult, JsonObject, Tool};
+use rmcp::service::RunningService;
+use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
+use rmcp::transport::{StreamableHttpClientTransport, TokioChildProcess};
+use rmcp::{RoleClient, ServiceExt};
+use serde_json::{Value, json};
+
+type Client = RunningService<RoleClient, ()>;
+
+const IDEM: &str = env!("CARGO_BIN_EXE_idem");
+
+fn charges(db: &Path) -> i64 {
+    let conn = rusqlite::Connection::open(db).expect("open the example database");
+    conn.query_row("SELECT COUNT(*) FROM charges", [], |r| r.get(0))
+        .expect("count charges")
+}
+
+fn args(v: Value) -> JsonObject {
+    match v {
+        Value::Object(m) => m,
+        other => panic!("not an object: {other}"),
+    }
+}
+
+async fn call(client: &Client, tool: &'static str, a: Value) -> CallToolResult {
+    client
+        .call_tool(CallToolRequestParams::new(tool).with_arguments(args(a)))
+        .await
+        .expect("tools/call answered")
+}
+
+fn idem_meta(r: &CallToolResult) -> Value {
+    r.meta
+        .as_ref()
+        .and_then(|m| m.0.get("idem"))
+        .cloned()
+        .unwrap_or(Value::Null)
+}
+
+fn problem(r: &CallToolResult) -> Option<String> {
+    idem_meta(r)
+        .get("problem")
+        .and_then(Value::as_str)
+        .map(str::to_owned)
+}
+
+struct Dir {
+    _tmp: tempfile::TempDir,
+    store: PathBuf,
+    db: PathBuf,
+}
+
+fn dir() -> Dir {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    Dir {
+        store: tmp.path().join("idem.db"),
+        db: tmp.path().join("charges.db"),
+        _tmp: tmp,
+    }
+}
+
+async fn stdio_proxy(d: &Dir) -> Client {
+    let mut cmd = tokio::process::Command::new(IDEM);
+    cmd.arg("mcp")
+        .arg("--store")
+        .arg(format!("sqlite:{}", d.store.display()))
+        .arg("--")
+        .arg(IDEM)
+        .arg("example-mcp")
+        .arg("--db")
+        .arg(&d.db);
+    let child = TokioChildProcess::new(cmd).expect("spawn idem mcp");
+    ().serve(child).await.expect("initialize through the proxy")
+}
+
+/// A child process killed when the test ends, and the address it announced.
+struct Server(Child, String);
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Starts `idem ARGS` and reads the `http://ADDR/mcp` URL from its first line.
+fn spawn_http(args: &[&str]) -> Server {
+    let mut child = Command::new(IDEM)
+        .args(args)
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("spawn idem");
+    let mut line = String::new();
+    let stdout = child.stdout.take().expect("stdout");
+    BufReader::new(stdout)
+        .read_line(&mut line)
+        .expect("read the announcement");
+    let url = line
+        .split_whitespace()
+        .find(|w| w.starts_with("http://"))
+        .map(|w| w.trim_end_matches(';').to_owned())
+        .unwrap_or_else(|| panic!("no URL in {line:?}"));
+    Server(child, url)
+}
+
+async fn http_client(url: &str, token: &str) -> Client {
+    let mut headers = HashMap::new();
+    headers.insert(
+        http::HeaderName::from_static("authorization"),
+        http::HeaderValue::from_str(&format!("Bearer {token}")).expect("header"),
+    );
+    let config = StreamableHttpClientTransportConfig::with_uri(url).custom_headers(headers);
+    ().serve(StreamableHttpClientTransport::from_config(config))
+        .await
+        .expect("initialize over HTTP")
+}
+
+fn schema_of(tools: &[Tool], name: &str) -> Value {
+    let t = tools
+        .iter()
+        .find(|t| t.name == name)
+        .unwrap_or_else(|| panic!("no tool {name}"));
+    Value::Object((*t.input_schema).clone())
+}
+
+/// The checks of the issue, through any connected client.
+async fn same_key_replays_and_refusals_charge_nothing(client: &Client, db: &Path) {
+    let tools = client.list_all_tools().await.expect("tools/list");
+    for effect in ["charge_card", "send_email"] {
+        let s = schema_of(&tools, effect);
+        assert_eq!(s["properties"]["idempotency_key"]["type"], "string");
+        assert!(
+            s["required"]
+                .as_array()
+                .is_some_and(|r| r.contains(&json!("idempotency_key"))),
+            "{s}"
+        );
+    }
+    assert_eq!(
+        schema_of(&tools, "get_balance")["properties"].get("idempotency_key"),
+        None
+    );
+
+    let charge =
+        json!({"customer": "cus_1", "amount_cents": 4900, "idempotency_key": "turn-1-charge"});
+    let first = call(client, "charge_card", charge.clone()).await;
+    assert_ne!(first.is_error, Some(true), "{first:?}");
+    assert_eq!(idem_meta(&first), Value::Null);
+    let second = call(client, "charge_card", charge).await;
+    assert_eq!(second.content, first.content);
+    assert_eq!(second.structured_content, first.structured_content);
+    assert_eq!(
+        idem_meta(&second),
+        json!({"replayed": true, "key": "turn-1-charge"})
+    );
+    assert_eq!(charges(db), 1);
+
+    let changed = call(
+        client,
+        "charge_card",
+        json!({"customer": "cus_1", "amount_cents": 5000, "idempotency_key": "turn-1-charge"}),
+    )
+    .await;
+    assert_eq!(changed.is_error, Some(true));
+    assert_eq!(problem(&changed).as_deref(), Some("key-reused"));
+
+    let no_key = call(
+        client,
+        "charge_card",
+        json!({"customer": "cus_1", "amount_cents": 4900}),
+    )
+    .await;
+    assert_eq!(no_key.is_error, Some(true));
+    assert_eq!(problem(&no_key).as_deref(), Some("key-missing"));
+    assert_eq!(charges(db), 1);
+
+    // The key may come in _meta instead of the arguments.
+    let mut meta = rmcp::model::RequestMetaObject::default();
+    meta.0
+        .0
+        .insert("idempotency_key".into(), json!("turn-2-email"));
+    let mut p = CallToolRequestParams::new("send_email").with_arguments(args(
+        json!({"to": "a@example.com", "subject": "receipt", "body": "thanks"}),
+    ));
+    p.meta = Some(meta);
+    let email = client.call_tool(p.clone()).await.expect("send_email");
+    assert_ne!(email.is_error, Some(true), "{email:?}");
+    let again = client.call_tool(p).await.expect("send_email again");
+    assert_eq!(idem_meta(&again)["replayed"], true);
+
+    // The read tool passes straight through: no key needed, nothing added.
+    let balance = call(client, "get_balance", json!({"customer": "cus_1"})).await;
+    assert_ne!(balance.is_error, Some(true), "{balance:?}");
+    assert_eq!(idem_meta(&balance), Value::Null);
+    assert_eq!(
+        balance.structured_content,
+        Some(json!({"customer": "cus_1", "charges": 1, "total_cents": 4900}))
+    );
+}
+
+#[tokio::test]
+async fn stdio_proxy_dedups_effect_tools() {
+    let d = dir();
+    let client = stdio_proxy(&d).await;
+    same_key_replays_and_refusals_charge_nothing(&client, &d.db).await;
+    let _ = client.cancel().await;
+
+    // A runtime that restarted reconnects through a new proxy process: same scope, so the
+    // same key still replays (DESIGN §8).
+    let client = stdio_proxy(&d).await;
+    let replay = call(
+        &client,
+        "charge_card",
+        json!({"customer": "cus_1", "amount_cents": 4900, "idempotency_key": "turn-1-charge"}),
+    )
+    .await;
+    assert_eq!(idem_meta(&replay)["replayed"], true);
+    assert_eq!(charges(&d.db), 1);
+    let _ = client.cancel().await;
+}
+
+#[tokio::test]
+async fn a_cancelled_call_still_completes_and_its_retry_replays() {
+    let d = dir();
+    let client = stdio_proxy(&d).await;
+    let slow = json!({"customer": "cus_2", "amount_cents": 700, "delay_ms": 1500, "idempotency_key": "slow-1"});
+    // The client gives up after 300 ms: rmcp sends notifications/cancelled to the proxy.
+    let gave_up = tokio::time::timeout(
+        Duration::from_millis(300),
+        call(&client, "charge_card", slow.clone()),
+    )
+    .await;
+    assert!(gave_up.is_err(), "the slow charge answered too soon");
+    // The retry finds the call in flight, waits for it, and gets its stored result.
+    let retry = call(&client, "charge_card", slow).await;
+    assert_ne!(retry.is_error, Some(true), "{retry:?}");
+    assert_eq!(idem_meta(&retry)["replayed"], true);
+    assert_eq!(charges(&d.db), 1);
+    let _ = client.cancel().await;
+}
+
+#[tokio::test]
+async fn http_proxy_dedups_per_caller() {
+    let d = dir();
+    let db = d.db.display().to_string();
+    let upstream = spawn_http(&["example-mcp", "--listen", "127.0.0.1:0", "--db", &db]);
+    let store = format!("sqlite:{}", d.store.display());
+    let proxy = spawn_http(&[
+        "mcp",
+        "--listen",
+        "127.0.0.1:0",
+        "--upstream-url",
+        &upstream.1,
+        "--store",
+        &store,
+    ]);
+    let alice = http_client(&proxy.1, "alice").await;
+    same_key_replays_and_refusals_charge_nothing(&alice, &d.db).await;
+
+    // Another caller's keys are another scope: the same key is a new intent of theirs.
+    let bob = http_client(&proxy.1, "bob").await;
+    let charge =
+        json!({"customer": "cus_1", "amount_cents": 4900, "idempotency_key": "turn-1-charge"});
+    let theirs = call(&bob, "charge_card", charge.clone()).await;
+    assert_eq!(idem_meta(&theirs), Value::Null);
+    assert_eq!(charges(&d.db), 2);
+    // And a new session of the first caller still gets its replay.
+    let alice_again = http_client(&proxy.1, "alice").await;
+    let replay = call(&alice_again, "charge_card", charge).await;
+    assert_eq!(idem_meta(&replay)["replayed"], true);
+    assert_eq!(charges(&d.db), 2);
+    for c in [alice, bob, alice_again] {
+        let _ = c.cancel().await;
+    }
+}
+
+/// A client that sends a slow charge and goes away before the answer (it closes the proxy's
+/// stdin, or the proxy gets SIGTERM): the proxy lets the forwarded call finish and stores it
+/// before it exits, so the runtime, restarted, gets the result through a new proxy instead of
+/// an unknown outcome.
+#[tokio::test]
+async fn a_client_that_goes_away_mid_call_finds_the_result_stored() {
+    leave_mid_call(false).await;
+}
+
+#[tokio::test]
+async fn a_proxy_stopped_mid_call_stores_the_result_first() {
+    leave_mid_call(true).await;
+}
+
+async fn leave_mid_call(sigterm: bool) {
+    use std::io::Write;
+
+    let d = dir();
+    let mut proxy = Command::new(IDEM)
+        .arg("mcp")
+        .arg("--store")
+        .arg(format!("sqlite:{}", d.store.display()))
+        .arg("--")
+        .arg(IDEM)
+        .arg("example-mcp")
+        .arg("--db")
+        .arg(&d.db)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("spawn idem mcp");
+    let mut stdin = proxy.stdin.take().expect("stdin");
+    let mut stdout = BufReader::new(proxy.stdout.take().expect("stdout"));
+    fn send(stdin: &mut std::process::ChildStdin, v: Value) {
+        writeln!(stdin, "{v}").expect("write to the proxy");
+        stdin.flush().expect("flush");
+    }
+    send(
+        &mut stdin,
+        json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+        "protocolVersion": "2025-06-18", "capabilities": {},
+        "clientInfo": {"name": "raw", "version": "0"}}}),
+    );
+    let mut line = String::new();
+    stdout.read_line(&mut line).expect("initialize answered");
+    assert!(line.contains("\"id\":1"), "{line}");
+    send(
+        &mut stdin,
+        json!({"jsonrpc": "2.0", "method": "notifications/initialized"}),
+    );
+    // Not listed first: the proxy asks the upstream what charge_card is.
+    send(
+        &mut stdin,
+        json!({"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {
+        "name": "charge_card",
+        "arguments": {"customer": "cus_3", "amount_cents": 300, "delay_ms": 1000,
+                      "idempotency_key": "gone-1"}}}),
+    );
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    if sigterm {
+        let status = Command::new("kill")
+            .arg("-TERM")
+            .arg(proxy.id().to_string())
+            .status()
+            .expect("kill -TERM");
+        assert!(status.success());
+    } else {
+        drop(stdin); // the client is gone
+    }
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while proxy.try_wait().expect("wait").is_none() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the proxy did not exit"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(charges(&d.db), 1);
+
+    let client = stdio_proxy(&d).await;
+    let replay = call(
+        &client,
+        "charge_card",
+        json!({"customer": "cus_3", "amount_cents": 300, "delay_ms": 1000, "idempotency_key": "gone-1"}),
+    )
+    .await;
+    assert_ne!(replay.is_error, Some(true), "{replay:?}");
+    assert_eq!(idem_meta(&replay)["replayed"], true);
+    assert_eq!(charges(&d.db), 1);
+    let _ = client.cancel().await;
+}

@@ -1,0 +1,32 @@
+//! idem's MCP proxy: makes any MCP server's side-effecting tools safe to retry (DESIGN §7, §8).
+//!
+//! MCP has no idempotency key. The proxy sits in front of an MCP server, in the server's own
+//! trust domain, and adds one: each effect tool gets a required `idempotency_key` argument, and
+//! a `tools/call` with a key already used returns the stored `CallToolResult` (marked
+//! `_meta.idem.replayed`) instead of running the tool again.
+//!
+//! - [`policy`]: which tools are effects (MCP annotations, overridden by a TOML file), and
+//!   how their keys behave.
+//! - [`schema`]: adding `idempotency_key` to input schemas, and taking it out of arguments.
+//! - [`call`]: one effect call over the engine: claim, forward, store, replay, refuse.
+//! - [`proxy`]: the rmcp `ServerHandler` that holds an rmcp client of the upstream.
+//! - [`stdio`], [`http`]: the two transports (stdio to the client and a spawned upstream;
+//!   streamable HTTP on both sides).
+//! - [`example`]: an example MCP server with a charge that is not idempotent, for tests and
+//!   the README.
+//!
+//! # Cancel safety
+//! A client that cancels a call or hangs up does not cancel a call already forwarded: it runs
+//! in a task of its own, its result is stored, and a retry replays it ([`call`]).
+
+pub mod call;
+pub mod example;
+pub mod http;
+pub mod policy;
+pub mod proxy;
+pub mod schema;
+pub mod stdio;
+
+pub use call::{Forwarded, Guard};
+pub use policy::{Class, Policies, ToolPolicy};
+pub use proxy::{Proxy, ScopeBy};
