@@ -93,6 +93,9 @@ fn child_race() {
     let rt = runtime();
     let store = SqliteStore::open(&db).unwrap_or_else(|e| panic!("open: {e}"));
     let pid = std::process::id();
+    // The second child walks the keys from the other end, so the two meet in the middle
+    // even when one starts late.
+    let reverse = std::env::var("IDEM_RACE_REVERSE").is_ok_and(|v| v == "1");
     println!("\nREADY");
     let mut go = String::new();
     let _ = std::io::stdin().read_line(&mut go);
@@ -103,7 +106,9 @@ fn child_race() {
                 tokio::spawn(async move {
                     let mut won = Vec::new();
                     for j in 0..RACE_KEYS {
-                        let k = key(format!("race-{}", (j + t * 13) % RACE_KEYS));
+                        let i = (j + t * 13) % RACE_KEYS;
+                        let i = if reverse { RACE_KEYS - 1 - i } else { i };
+                        let k = key(format!("race-{i}"));
                         match store.claim(req(k.clone())).await {
                             Ok(Claim::Acquired(lease)) => {
                                 let body = format!("{pid}");
@@ -148,7 +153,7 @@ fn two_processes_race_on_one_file() {
     // Create the file first so the children race on claims, not on creating the schema.
     drop(SqliteStore::open(&db).unwrap_or_else(|e| panic!("open: {e}")));
     let mut children: Vec<Child> = (0..2)
-        .map(|_| spawn_child("child_race", &db, &[]))
+        .map(|i| spawn_child("child_race", &db, &[("IDEM_RACE_REVERSE", i.to_string())]))
         .collect();
     // Both children have opened the file before either starts, so they really race.
     let mut outputs: Vec<BufReader<std::process::ChildStdout>> = Vec::new();
