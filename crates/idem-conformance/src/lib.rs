@@ -18,6 +18,7 @@
 //! `IDEM_REQUIRE_SERVICES=1` is set (as `.ci/run` does), in which case it fails.
 
 pub mod cases;
+pub mod load;
 
 use std::future::Future;
 use std::sync::Arc;

@@ -6,34 +6,16 @@
 //! default postgres://postgres@127.0.0.1:5432/test; a schema of its own, dropped after).
 //! IDEM_BENCH_BATCHES sets how many batched statements run at once (default 2).
 
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
 use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
-use idem_core::{
-    AbandonedPolicy, Claim, ClaimRequest, Fingerprint, Key, Scope, Store, StoredResponse,
-};
+use idem_conformance::load::{fresh_request as fresh, request as req, run_concurrent};
+use idem_core::{Claim, Store, StoredResponse};
 use idem_store_postgres::{PgOptions, PgStore};
 
-static NEXT: AtomicU64 = AtomicU64::new(0);
 const CONCURRENCY: u64 = 32;
 const BODY: &[u8] = br#"{"charge_id":"ch_123","amount":4900}"#;
-
-fn req(n: u64) -> ClaimRequest {
-    ClaimRequest {
-        scope: Scope::anonymous(),
-        key: Key::new(format!("bench-{n}")).unwrap_or_else(|e| panic!("{e}")),
-        fingerprint: Fingerprint::http("POST", "/v1/charges", None, &n.to_le_bytes()),
-        lease: Duration::from_secs(60),
-        retention: Duration::from_secs(3600),
-        on_abandoned: AbandonedPolicy::Reject,
-    }
-}
-
-fn fresh() -> ClaimRequest {
-    req(NEXT.fetch_add(1, Ordering::Relaxed))
-}
 
 #[derive(Clone, Copy)]
 enum Op {
@@ -104,23 +86,10 @@ fn run(
     op: Op,
     iters: u64,
 ) -> Duration {
-    rt.block_on(async {
-        let start = Instant::now();
-        let tasks: Vec<_> = (0..CONCURRENCY)
-            .map(|t| {
-                let (store, naive) = (store.clone(), naive.clone());
-                let share = iters / CONCURRENCY + u64::from(t < iters % CONCURRENCY);
-                tokio::spawn(async move {
-                    for _ in 0..share {
-                        one(&store, &naive, op).await;
-                    }
-                })
-            })
-            .collect();
-        for t in tasks {
-            t.await.unwrap_or_else(|e| panic!("{e}"));
-        }
-        start.elapsed()
+    let (store, naive) = (store.clone(), naive.clone());
+    run_concurrent(rt, CONCURRENCY, iters, move || {
+        let (store, naive) = (store.clone(), naive.clone());
+        async move { one(&store, &naive, op).await }
     })
 }
 

@@ -208,28 +208,30 @@ impl Store for RedisStore {
             .arg(req.scope.as_str())
             .arg(req.key.as_str());
         let items = reply::items(self.run(inv).await?)?;
-        let [acquired, now, rec] = items.as_slice() else {
-            return Err(corrupt("claim reply is not [acquired, now, record]"));
-        };
-        let now = reply::timestamp(now)?;
-        let rec = reply::record(rec)?.ok_or_else(|| corrupt("claim returned no record"))?;
-        if reply::int(acquired)? == 1 {
-            if rec.token != token {
-                return Err(corrupt("claim acquired under another token"));
+        match items.as_slice() {
+            [acquired, _, lease_end, attempt] if reply::int(acquired)? == 1 => {
+                let attempt = u32::try_from(reply::int(attempt)?)
+                    .map_err(|_| corrupt("claim returned an attempt out of range"))?;
+                Ok(Claim::Acquired(Lease {
+                    token,
+                    expires_at: reply::timestamp(lease_end)?,
+                    attempt,
+                }))
             }
-            return Ok(Claim::Acquired(Lease {
-                token,
-                expires_at: rec.lease_expires_at,
-                attempt: rec.attempts,
-            }));
-        }
-        // The script decided and wrote atomically; the machine only names what is there.
-        match machine::claim(Some(&rec), &req, now, token).0 {
-            Claim::Acquired(_) => Err(corrupt("claim script and state machine disagree")),
-            answer => Ok(answer),
+            [_, now, rec] => {
+                let now = reply::timestamp(now)?;
+                let rec = reply::record(rec)?.ok_or_else(|| corrupt("claim returned no record"))?;
+                // The script decided and wrote atomically; the machine only names what is there.
+                match machine::claim(Some(&rec), &req, now, token).0 {
+                    Claim::Acquired(_) => Err(corrupt("claim script and state machine disagree")),
+                    answer => Ok(answer),
+                }
+            }
+            _ => Err(corrupt(
+                "claim reply is neither [1, now, lease end, attempt] nor [0, now, record]",
+            )),
         }
     }
-
     async fn complete(
         &self,
         scope: &Scope,
