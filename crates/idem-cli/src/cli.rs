@@ -61,6 +61,10 @@ pub(crate) enum Command {
     Resolve(ResolveArgs),
     /// Delete expired records now, in bounded batches.
     Gc(GcArgs),
+    /// Create or check the store's schema (PostgreSQL tables, SQLite file) and print its
+    /// version. Every command does this on connect; run it apart when the gateways' database
+    /// user may not create tables.
+    Migrate(MigrateArgs),
 }
 
 /// Which record an operator command is about.
@@ -162,6 +166,13 @@ pub(crate) struct GcArgs {
 }
 
 #[derive(Debug, Args)]
+pub(crate) struct MigrateArgs {
+    /// The store: sqlite:PATH, memory:, postgres://...[?schema=NAME] or redis://...[?prefix=NAME].
+    #[arg(long, env = "IDEM_STORE", default_value = DEFAULT_STORE, value_name = "URL")]
+    pub(crate) store: StoreUrl,
+}
+
+#[derive(Debug, Args)]
 pub(crate) struct ServeArgs {
     /// Address to listen on [default: 127.0.0.1:8080].
     #[arg(long, env = "IDEM_LISTEN", value_name = "ADDR", value_parser = socket_addr)]
@@ -244,7 +255,7 @@ pub(crate) struct ExampleApiArgs {
 #[derive(Debug, Args)]
 #[command(group(clap::ArgGroup::new("transport").required(true).args(["command", "listen"])))]
 pub(crate) struct McpArgs {
-    /// The store: sqlite:PATH or memory:.
+    /// The store: sqlite:PATH, memory:, postgres://...[?schema=NAME] or redis://...[?prefix=NAME].
     #[arg(long, env = "IDEM_STORE", default_value = DEFAULT_STORE, value_name = "URL")]
     pub(crate) store: StoreUrl,
     /// TOML file: per-tool class, retention, wait and unknown-outcome policy (docs/mcp.md).

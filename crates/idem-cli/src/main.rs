@@ -42,6 +42,7 @@ fn main() -> ExitCode {
             Command::Inspect(args) => commands::inspect::run(args).await,
             Command::Resolve(args) => commands::resolve::run(args).await,
             Command::Gc(args) => commands::gc::run(args).await,
+            Command::Migrate(args) => commands::migrate::run(args).await,
         }
     });
     // A blocking read of stdin (an MCP client that keeps it open after SIGTERM) would hold

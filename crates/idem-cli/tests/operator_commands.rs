@@ -1,5 +1,6 @@
-//! `idem inspect`, `idem resolve` and `idem gc` run as a user runs them: the real binary, on a
-//! real SQLite file that the store library wrote.
+//! `idem inspect`, `idem resolve`, `idem gc` and `idem migrate` run as a user runs them: the
+//! real binary, on a real SQLite file that the store library wrote, and on the local
+//! PostgreSQL and Redis (each test in a schema or key prefix of its own).
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -283,4 +284,106 @@ fn bad_input_gets_a_precise_message_and_a_failing_exit() {
         !dir.path().join("nope.db").exists(),
         "an operator command created a store file"
     );
+}
+
+fn services_required() -> bool {
+    std::env::var("IDEM_REQUIRE_SERVICES").is_ok_and(|v| v == "1" || v == "true")
+}
+
+/// Whether a server answers at `addr`; says why not when a test skips.
+fn reachable(name: &str, addr: &str) -> bool {
+    match std::net::TcpStream::connect(addr) {
+        Ok(_) => true,
+        Err(e) => {
+            assert!(!services_required(), "{name} at {addr} is required: {e}");
+            eprintln!(
+                "skipped: no {name} at {addr}: {e} (set IDEM_REQUIRE_SERVICES=1 to fail instead)"
+            );
+            false
+        }
+    }
+}
+
+/// An abandoned record made through the library, then found, settled and purged through the
+/// binary, on a shared store's URL.
+async fn operators_settle_an_abandoned_key<S: Store>(store: &S, url: &str) {
+    let Ok(Claim::Acquired(_)) = store
+        .claim(req(
+            "stuck",
+            Duration::from_millis(1),
+            Duration::from_secs(60),
+        ))
+        .await
+    else {
+        panic!("claim");
+    };
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let shown = idem(&["inspect", "--store", url, "stuck"]);
+    assert!(shown.status.success(), "{}", stderr(&shown));
+    assert!(stdout(&shown).contains("abandoned"), "{}", stdout(&shown));
+    let settled = idem(&["resolve", "--store", url, "stuck", "--release"]);
+    assert!(settled.status.success(), "{}", stderr(&settled));
+    let gone = store
+        .get(&Scope::anonymous(), &k("stuck"))
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert!(gone.is_none(), "{gone:?}");
+    let gc = idem(&["gc", "--store", url]);
+    assert!(gc.status.success(), "{}", stderr(&gc));
+    assert!(stdout(&gc).starts_with("purged "), "{}", stdout(&gc));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn operator_commands_and_migrate_on_postgres() {
+    if !reachable("PostgreSQL", "127.0.0.1:5432") {
+        return;
+    }
+    let schema = format!("idem_ops_{:016x}", rand::random::<u64>());
+    let url = format!("postgres://postgres@127.0.0.1:5432/test?schema={schema}");
+    for _ in 0..2 {
+        let migrated = idem(&["migrate", "--store", &url]);
+        assert!(migrated.status.success(), "{}", stderr(&migrated));
+        assert!(
+            stdout(&migrated).contains(&format!("schema {schema} at version 1")),
+            "{}",
+            stdout(&migrated)
+        );
+    }
+    let store = idem_store_postgres::PgStore::connect_url(&url)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    operators_settle_an_abandoned_key(&store, &url).await;
+    // A schema a newer idem wrote is refused, by every command.
+    let client = store.pool().get().await.unwrap_or_else(|e| panic!("{e}"));
+    client
+        .batch_execute(&format!(
+            "INSERT INTO \"{schema}\".schema_version (version) VALUES (2)"
+        ))
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let refused = idem(&["migrate", "--store", &url]);
+    assert!(!refused.status.success());
+    assert!(
+        stderr(&refused).contains("upgrade idem"),
+        "{}",
+        stderr(&refused)
+    );
+    drop(client);
+    let _ = store.drop_schema().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn operator_commands_on_redis() {
+    if !reachable("Redis", "127.0.0.1:6379") {
+        return;
+    }
+    let prefix = format!("idem-ops-{:016x}", rand::random::<u64>());
+    let url = format!("redis://127.0.0.1:6379/?prefix={prefix}");
+    let migrated = idem(&["migrate", "--store", &url]);
+    assert!(migrated.status.success(), "{}", stderr(&migrated));
+    let store = idem_store_redis::RedisStore::connect_url(&url)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    operators_settle_an_abandoned_key(&store, &url).await;
+    let _ = store.delete_all().await;
 }
