@@ -12,6 +12,7 @@ use idem_core::{
     AbandonedPolicy, Claim, ClaimRequest, FencingToken, Key, Lease, Record, Resolution, Scope,
     Store, StoreError, StoredResponse, Timestamp, machine,
 };
+use tokio::sync::oneshot;
 use tokio_postgres::NoTls;
 
 use crate::batch::{Batcher, Job};
@@ -30,6 +31,34 @@ pub(crate) struct ClaimRow {
     acquired: bool,
     now: Timestamp,
     rec: Record,
+}
+
+/// A claim waiting for its batch, with the token it will hold if it acquires.
+pub(crate) type ClaimJob = (ClaimRequest, FencingToken);
+
+/// What a claim that gave up waiting on a locked row says, and how the batcher knows it.
+const BUSY: &str = "the key is locked by another transaction";
+
+/// Whether the server gave up waiting on a lock (`lock_timeout`) or on the statement
+/// (`statement_timeout`).
+fn busy(e: &tokio_postgres::Error) -> bool {
+    use tokio_postgres::error::SqlState;
+    matches!(
+        e.code(),
+        Some(c) if *c == SqlState::LOCK_NOT_AVAILABLE || *c == SqlState::QUERY_CANCELED
+    )
+}
+
+fn is_busy(e: &StoreError) -> bool {
+    matches!(e, StoreError::Unavailable(m) if m.to_string().contains(BUSY))
+}
+
+/// A [`StoreError`] again: the same message for each key a shared failure answers.
+fn copy(e: &StoreError) -> StoreError {
+    match e {
+        StoreError::Corrupt(m) => StoreError::Corrupt(m.clone()),
+        other => unavailable_because("claim", other),
+    }
 }
 
 /// A completion waiting for its batch.
@@ -65,7 +94,7 @@ pub(crate) struct Inner {
     clock: Option<Arc<dyn idem_core::Clock>>,
     op_timeout: Duration,
     pub(crate) replays: Tally,
-    claims: OnceLock<Batcher<ClaimRequest, Result<Claim, StoreError>>>,
+    claims: OnceLock<Batcher<ClaimJob, Result<Claim, StoreError>>>,
     completions: OnceLock<Batcher<Completion, Result<Record, StoreError>>>,
 }
 
@@ -82,15 +111,31 @@ impl PgStore {
     /// Connects, creating or checking the schema. Fails if the database cannot be reached
     /// within the operation timeout: a gateway should not start on a store it cannot use.
     pub async fn connect(opts: PgOptions) -> Result<Self, StoreError> {
-        let pool = new_pool(opts.config.clone(), opts.pool_size, opts.op_timeout)?;
-        let mut after_commit = opts.config.clone();
+        // The server gives up too, not only the caller: a claim waiting on a row another
+        // transaction holds must not keep its batch (and every key queued behind it) past
+        // the operation timeout. Claims are durable whatever the database's default.
+        let op_ms = duration_millis(opts.op_timeout).max(1);
+        let lock_ms = (op_ms / 2).clamp(1, 2000);
+        let base = opts.config.get_options().unwrap_or_default();
+        let mut claims = opts.config.clone();
+        claims.options(
+            format!(
+                "{base} -c synchronous_commit=on -c lock_timeout={lock_ms} \
+                 -c statement_timeout={op_ms}"
+            )
+            .trim_start(),
+        );
+        let pool = new_pool(claims, opts.pool_size, opts.op_timeout)?;
         // Batches of completions join with key arrays: a plan cached while the table was
         // small would scan it whole. Claims look keys up one by one and keep their plans.
-        let options = format!(
-            "{} -c synchronous_commit=off -c plan_cache_mode=force_custom_plan",
-            opts.config.get_options().unwrap_or_default()
+        let mut after_commit = opts.config.clone();
+        after_commit.options(
+            format!(
+                "{base} -c synchronous_commit=off -c plan_cache_mode=force_custom_plan \
+                 -c lock_timeout={lock_ms} -c statement_timeout={op_ms}"
+            )
+            .trim_start(),
         );
-        after_commit.options(options.trim_start());
         let after_commit = new_pool(after_commit, opts.pool_size.div_ceil(2), opts.op_timeout)?;
         let quoted = format!("\"{}\"", opts.schema);
         let inner = Arc::new(Inner {
@@ -235,7 +280,7 @@ impl Inner {
         client: &impl GenericClient,
         reqs: &[(&ClaimRequest, FencingToken)],
         retry: bool,
-    ) -> Result<HashMap<(String, String), ClaimRow>, StoreError> {
+    ) -> Result<HashMap<(String, String), Result<ClaimRow, StoreError>>, StoreError> {
         let stmt = client
             .prepare_cached(&self.sql.claim)
             .await
@@ -267,19 +312,33 @@ impl Inner {
                 ],
             )
             .await
-            .map_err(|e| unavailable("claim", e))?;
+            .map_err(|e| {
+                if busy(&e) {
+                    StoreError::Unavailable(format!("postgres: claim: {BUSY}: {e}").into())
+                } else {
+                    unavailable("claim", e)
+                }
+            })?;
+        // Each row is read on its own: a row idem cannot read fails its own key only. The
+        // statement committed for the others.
         let mut out = HashMap::with_capacity(rows.len());
         for row in rows {
-            let now = now_of(&row)?;
-            let rec = record_of(&row)?
-                .ok_or_else(|| StoreError::Corrupt("postgres claim returned no record".into()))?;
-            let acquired: bool = row
-                .try_get("acquired")
-                .map_err(|e| unavailable("claim", e))?;
-            out.insert(
-                (rec.scope.as_str().to_owned(), rec.key.as_str().to_owned()),
-                ClaimRow { acquired, now, rec },
+            let id = (
+                row.try_get::<_, String>("scope"),
+                row.try_get::<_, String>("key"),
             );
+            let (Ok(scope), Ok(key)) = id else { continue };
+            let decoded = (|| {
+                let now = now_of(&row)?;
+                let rec = record_of(&row)?.ok_or_else(|| {
+                    StoreError::Corrupt("postgres claim returned no record".into())
+                })?;
+                let acquired: bool = row
+                    .try_get("acquired")
+                    .map_err(|e| unavailable("claim", e))?;
+                Ok(ClaimRow { acquired, now, rec })
+            })();
+            out.insert((scope, key), decoded);
         }
         Ok(out)
     }
@@ -290,12 +349,19 @@ impl Inner {
         &self,
         req: &ClaimRequest,
         token: FencingToken,
-        row: Option<&ClaimRow>,
+        row: Option<&Result<ClaimRow, StoreError>>,
     ) -> Result<Option<Claim>, StoreError> {
-        let Some(ClaimRow { acquired, now, rec }) = row else {
+        let Some(row) = row else {
             return Ok(None);
         };
-        if *acquired {
+        let ClaimRow { acquired, now, rec } = match row {
+            Ok(r) => r,
+            Err(e) => return Err(copy(e)),
+        };
+        // A record in flight under this claim's own token is this claim's: an earlier run of
+        // it committed although its answer was lost (a connection cut after the commit).
+        let ours = rec.token == token && rec.completed_at.is_none();
+        if *acquired || ours {
             if rec.token != token {
                 return Err(StoreError::Corrupt(
                     "postgres claim acquired under another token".into(),
@@ -322,8 +388,8 @@ impl Inner {
         &self,
         client: &impl GenericClient,
         req: &ClaimRequest,
+        token: FencingToken,
     ) -> Result<Claim, StoreError> {
-        let token = FencingToken::random();
         let retry = req.on_abandoned == AbandonedPolicy::Retry;
         let id = (req.scope.as_str().to_owned(), req.key.as_str().to_owned());
         for _ in 0..CLAIM_RUNS {
@@ -339,9 +405,15 @@ impl Inner {
     }
 
     /// A batch of claims: one statement per (abandoned policy, retention) among distinct
-    /// keys; a key claimed twice in one batch, and any claim the statement left unsettled,
-    /// runs on its own after.
-    async fn claim_batch(&self, jobs: Vec<Job<ClaimRequest, Result<Claim, StoreError>>>) {
+    /// keys. A key claimed twice in one batch is answered from the first one's row; any claim
+    /// the statement left unsettled runs alone after, with the same token.
+    async fn claim_batch(&self, jobs: Vec<Job<ClaimJob, Result<Claim, StoreError>>>) {
+        // A caller that gave up (its timeout passed) is not claimed for: nobody would hold
+        // the lease, and its retry would find the key in flight, then abandoned.
+        let jobs: Vec<_> = jobs.into_iter().filter(|(_, r)| !r.is_closed()).collect();
+        if jobs.is_empty() {
+            return;
+        }
         let client = match self.client().await {
             Ok(c) => c,
             Err(e) => {
@@ -352,41 +424,40 @@ impl Inner {
                 return;
             }
         };
-        // A key claimed twice in one batch goes into the statement once; the others are
-        // answered from its row as if they came just after (in flight, a replay, a
-        // mismatch), or run alone when that row would let them acquire.
         let mut groups: HashMap<(bool, Duration), Vec<_>> = HashMap::new();
         let mut dups = Vec::new();
         let mut seen = std::collections::HashSet::new();
-        for (req, reply) in jobs {
+        for ((req, token), reply) in jobs {
             if seen.insert((req.scope.clone(), req.key.clone())) {
                 let policy = (req.on_abandoned == AbandonedPolicy::Retry, req.retention);
-                groups
-                    .entry(policy)
-                    .or_default()
-                    .push((req, FencingToken::random(), reply));
+                groups.entry(policy).or_default().push((req, token, reply));
             } else {
-                dups.push((req, reply));
+                dups.push((req, token, reply));
             }
         }
         let mut alone = Vec::new();
         let mut all_rows = HashMap::new();
         for ((retry, _), mut group) in groups {
+            // Key order: concurrent batches lock rows in one order and cannot deadlock.
             group.sort_by(|a, b| (&a.0.scope, &a.0.key).cmp(&(&b.0.scope, &b.0.key)));
             let reqs: Vec<_> = group.iter().map(|(r, t, _)| (r, *t)).collect();
             let rows = self.claim_rows(&client, &reqs, retry).await;
+            // A lone claim that waited out the lock timeout is answered now, not run again:
+            // its key is held by a transaction, and a second wait would keep this batch's
+            // slot from every other key.
+            let lone_busy = group.len() == 1 && matches!(&rows, Err(e) if is_busy(e));
             for (req, token, reply) in group {
                 let id = (req.scope.as_str().to_owned(), req.key.as_str().to_owned());
                 let settled = match &rows {
                     Ok(rows) => self.settle(&req, token, rows.get(&id)),
-                    // Nothing of a failed statement committed: each claim runs alone.
+                    Err(e) if lone_busy => Err(copy(e)),
+                    // The statement failed: each claim runs alone, with its token, so one
+                    // that did commit is recognised as its own.
                     Err(_) => Ok(None),
                 };
                 match settled {
-                    Ok(Some(answer)) => {
-                        let _ = reply.send(Ok(answer));
-                    }
-                    Ok(None) => alone.push((req, reply)),
+                    Ok(Some(answer)) => self.answer(&req, answer, reply).await,
+                    Ok(None) => alone.push((req, token, reply)),
                     Err(e) => {
                         let _ = reply.send(Err(e));
                     }
@@ -396,25 +467,78 @@ impl Inner {
                 all_rows.extend(rows);
             }
         }
-        for (req, reply) in dups {
+        for (req, token, reply) in dups {
             let id = (req.scope.as_str().to_owned(), req.key.as_str().to_owned());
-            let row = all_rows.get(&id).map(|r| ClaimRow {
-                acquired: false,
-                now: r.now,
-                rec: r.rec.clone(),
+            let row = all_rows.get(&id).map(|r| {
+                r.as_ref().map_err(copy).map(|r| ClaimRow {
+                    acquired: false,
+                    now: r.now,
+                    rec: r.rec.clone(),
+                })
             });
-            match self.settle(&req, FencingToken::random(), row.as_ref()) {
-                Ok(Some(answer)) => {
-                    let _ = reply.send(Ok(answer));
-                }
-                Ok(None) => alone.push((req, reply)),
+            match self.settle(&req, token, row.as_ref()) {
+                Ok(Some(answer)) => self.answer(&req, answer, reply).await,
+                Ok(None) => alone.push((req, token, reply)),
                 Err(e) => {
                     let _ = reply.send(Err(e));
                 }
             }
         }
-        for (req, reply) in alone {
-            let _ = reply.send(self.claim_on(&client, &req).await);
+        for (req, token, reply) in alone {
+            if reply.is_closed() {
+                continue;
+            }
+            match self.claim_on(&client, &req, token).await {
+                Ok(answer) => self.answer(&req, answer, reply).await,
+                Err(e) => {
+                    let _ = reply.send(Err(e));
+                }
+            }
+        }
+    }
+
+    pub(crate) async fn release_one(
+        &self,
+        scope: &Scope,
+        key: &Key,
+        token: FencingToken,
+    ) -> Result<(), StoreError> {
+        self.bounded(async {
+            let client = self.after_commit_client().await?;
+            let stmt = client
+                .prepare_cached(&self.sql.release)
+                .await
+                .map_err(|e| unavailable("prepare release", e))?;
+            let n = client
+                .execute(&stmt, &[&scope.as_str(), &key.as_str(), &token.as_i64()])
+                .await
+                .map_err(|e| unavailable("release", e))?;
+            if n == 1 {
+                Ok(())
+            } else {
+                Err(self.refusal(&client, scope, key, token).await)
+            }
+        })
+        .await
+    }
+
+    /// Sends a claim's answer. A lease whose caller is gone is released at once: nobody
+    /// will run the effect, and the key must not wait for the lease to end and then read
+    /// as an unknown outcome.
+    async fn answer(
+        &self,
+        req: &ClaimRequest,
+        answer: Claim,
+        reply: oneshot::Sender<Result<Claim, StoreError>>,
+    ) {
+        if let Err(Ok(Claim::Acquired(lease))) = reply.send(Ok(answer)) {
+            match self.release_one(&req.scope, &req.key, lease.token).await {
+                Ok(()) => tracing::debug!(key = %req.key, "released a claim whose caller was gone"),
+                Err(e) => tracing::warn!(
+                    key = %req.key, error = %e,
+                    "a claim whose caller was gone could not be released; it will read as abandoned"
+                ),
+            }
         }
     }
 
@@ -438,7 +562,9 @@ impl Inner {
             .map_err(|e| unavailable("complete", e))?;
         let mut out = HashMap::with_capacity(rows.len());
         for row in rows {
-            if let Some(rec) = record_of(&row)? {
+            // A row idem cannot read is left out: its completion is settled alone, which
+            // reports the corruption for that key only.
+            if let Ok(Some(rec)) = record_of(&row) {
                 out.insert(
                     (rec.scope.as_str().to_owned(), rec.key.as_str().to_owned()),
                     rec,
@@ -498,20 +624,57 @@ impl Inner {
         batch.sort_by(|a, b| (&a.0.scope, &a.0.key).cmp(&(&b.0.scope, &b.0.key)));
         let items: Vec<&Completion> = batch.iter().map(|(c, _)| c).collect();
         let mut rows = self.complete_rows(&client, &items).await;
-        let mut again = alone;
+        let failed = rows.is_err();
+        let mut again = Vec::new();
         for (c, reply) in batch {
             let id = (c.scope.as_str().to_owned(), c.key.as_str().to_owned());
             match rows.as_mut().map(|r| r.remove(&id)) {
                 Ok(Some(rec)) if rec.token == c.token => {
                     let _ = reply.send(Ok(rec));
                 }
-                // Refused (the reason is read alone), or the statement failed and nothing
-                // of it committed.
+                // Refused (the reason is read alone), or the statement failed.
                 _ => again.push((c, reply)),
             }
         }
         for (c, reply) in again {
+            let done = if failed {
+                self.complete_again(&client, &c).await
+            } else {
+                self.complete_on(&client, &c).await
+            };
+            let _ = reply.send(done);
+        }
+        for (c, reply) in alone {
             let _ = reply.send(self.complete_on(&client, &c).await);
+        }
+    }
+
+    /// A completion run alone after its batch's statement failed. If the batch did commit it
+    /// (the connection was cut after the commit), the record holds this token and this
+    /// response: that is this completion, not a refusal.
+    async fn complete_again(
+        &self,
+        client: &impl GenericClient,
+        c: &Completion,
+    ) -> Result<Record, StoreError> {
+        match self.complete_on(client, c).await {
+            Err(StoreError::Stale(idem_core::Stale::Completed)) => {
+                let (_, existing) = self
+                    .read_on(client, &self.sql.get, &c.scope, &c.key)
+                    .await?;
+                match existing {
+                    Some(rec)
+                        if rec.token == c.token
+                            && rec.completed_by == Some(idem_core::CompletedBy::Executor)
+                            && rec.response.as_ref().map(StoredResponse::encode).as_ref()
+                                == Some(&c.response) =>
+                    {
+                        Ok(rec)
+                    }
+                    _ => Err(StoreError::Stale(idem_core::Stale::Completed)),
+                }
+            }
+            other => other,
         }
     }
 
@@ -563,7 +726,7 @@ impl Store for PgStore {
         inner
             .bounded(async {
                 batcher
-                    .submit(req)
+                    .submit((req, FencingToken::random()))
                     .await
                     .unwrap_or_else(|| Err(unavailable_because("claim", "store closed")))
             })

@@ -46,7 +46,9 @@ impl PgStore {
         req: &ClaimRequest,
     ) -> Result<TxClaim, StoreError> {
         let inner = self.inner();
-        inner.bounded(inner.claim_on(tx, req)).await
+        inner
+            .bounded(inner.claim_on(tx, req, FencingToken::random()))
+            .await
     }
 
     /// Stores the result inside the caller's transaction; it becomes visible with the
