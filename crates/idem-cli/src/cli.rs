@@ -6,7 +6,7 @@ use anyhow::{Context, Result};
 use clap::{Args, Parser, Subcommand};
 use idem_core::{Key, Scope};
 
-use crate::store_url::{DEFAULT_STORE, StoreUrl};
+use crate::store_url::{DEFAULT_STORE, StoreUrl, StoreUrlParser};
 
 /// idem makes agent tool calls safe to retry: a repeated idempotency key gets the original
 /// result instead of running the side effect again.
@@ -71,7 +71,7 @@ pub(crate) enum Command {
 #[derive(Debug, Args)]
 pub(crate) struct TargetArgs {
     /// The store: sqlite:PATH, memory:, postgres://...[?schema=NAME] or redis://...[?prefix=NAME].
-    #[arg(long, env = "IDEM_STORE", default_value = DEFAULT_STORE, value_name = "URL")]
+    #[arg(long, env = "IDEM_STORE", default_value = DEFAULT_STORE, value_name = "URL", value_parser = StoreUrlParser)]
     pub(crate) store: StoreUrl,
     /// The scope label as stored: `anonymous` for callers without a principal, `p:<hash>` for
     /// a hashed principal (the gateway logs it), or the name a runtime chose.
@@ -158,7 +158,7 @@ pub(crate) struct ResolveArgs {
 #[derive(Debug, Args)]
 pub(crate) struct GcArgs {
     /// The store: sqlite:PATH, memory:, postgres://...[?schema=NAME] or redis://...[?prefix=NAME].
-    #[arg(long, env = "IDEM_STORE", default_value = DEFAULT_STORE, value_name = "URL")]
+    #[arg(long, env = "IDEM_STORE", default_value = DEFAULT_STORE, value_name = "URL", value_parser = StoreUrlParser)]
     pub(crate) store: StoreUrl,
     /// Records deleted per transaction, so the store is never locked for long.
     #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u32).range(1..=100_000))]
@@ -168,7 +168,7 @@ pub(crate) struct GcArgs {
 #[derive(Debug, Args)]
 pub(crate) struct MigrateArgs {
     /// The store: sqlite:PATH, memory:, postgres://...[?schema=NAME] or redis://...[?prefix=NAME].
-    #[arg(long, env = "IDEM_STORE", default_value = DEFAULT_STORE, value_name = "URL")]
+    #[arg(long, env = "IDEM_STORE", default_value = DEFAULT_STORE, value_name = "URL", value_parser = StoreUrlParser)]
     pub(crate) store: StoreUrl,
 }
 
@@ -256,7 +256,7 @@ pub(crate) struct ExampleApiArgs {
 #[command(group(clap::ArgGroup::new("transport").required(true).args(["command", "listen"])))]
 pub(crate) struct McpArgs {
     /// The store: sqlite:PATH, memory:, postgres://...[?schema=NAME] or redis://...[?prefix=NAME].
-    #[arg(long, env = "IDEM_STORE", default_value = DEFAULT_STORE, value_name = "URL")]
+    #[arg(long, env = "IDEM_STORE", default_value = DEFAULT_STORE, value_name = "URL", value_parser = StoreUrlParser)]
     pub(crate) store: StoreUrl,
     /// TOML file: per-tool class, retention, wait and unknown-outcome policy (docs/mcp.md).
     #[arg(long, env = "IDEM_MCP_POLICY", value_name = "FILE")]

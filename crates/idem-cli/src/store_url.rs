@@ -17,8 +17,8 @@ use idem_store_sqlite::SqliteStore;
 /// The default store: the embedded SQLite file in the working directory.
 pub(crate) const DEFAULT_STORE: &str = "sqlite:idem.db";
 
-/// A parsed store URL.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// A parsed store URL. `Debug` and `Display` hide passwords.
+#[derive(Clone, PartialEq, Eq)]
 pub(crate) enum StoreUrl {
     Memory,
     Sqlite(PathBuf),
@@ -33,10 +33,12 @@ const SCHEMES: &str = "memory:, sqlite:PATH, postgres://... or redis://...";
 /// Why a store URL was refused.
 #[derive(Debug, thiserror::Error)]
 pub(crate) enum StoreUrlError {
-    #[error("store URL {0:?} has no scheme; use {SCHEMES} (e.g. {DEFAULT_STORE})")]
-    NoScheme(String),
-    #[error("store URL {0:?} has an unknown scheme {1:?}; use {SCHEMES}")]
-    UnknownScheme(String, String),
+    // Neither message repeats the URL: a mistyped scheme or a `key=value` connection string
+    // may hold a password.
+    #[error("the store URL has no scheme; use {SCHEMES} (e.g. {DEFAULT_STORE})")]
+    NoScheme,
+    #[error("the store URL has an unknown scheme {0:?}; use {SCHEMES}")]
+    UnknownScheme(String),
     #[error("store URL {url}: {err}", url = redact(.0), err = .1)]
     Postgres(String, idem_store_postgres::PgUrlError),
     #[error("store URL {url}: {err}", url = redact(.0), err = .1)]
@@ -52,7 +54,7 @@ impl FromStr for StoreUrl {
 
     fn from_str(url: &str) -> Result<Self, Self::Err> {
         let Some((scheme, rest)) = url.split_once(':') else {
-            return Err(StoreUrlError::NoScheme(url.to_owned()));
+            return Err(StoreUrlError::NoScheme);
         };
         match scheme.to_ascii_lowercase().as_str() {
             "memory" if rest.is_empty() => Ok(StoreUrl::Memory),
@@ -74,11 +76,39 @@ impl FromStr for StoreUrl {
                 Ok(_) => Ok(StoreUrl::Redis(url.to_owned())),
                 Err(e) => Err(StoreUrlError::Redis(url.to_owned(), e)),
             },
-            other => Err(StoreUrlError::UnknownScheme(
-                url.to_owned(),
-                other.to_owned(),
-            )),
+            other => Err(StoreUrlError::UnknownScheme(other.to_owned())),
         }
+    }
+}
+
+impl fmt::Debug for StoreUrl {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "StoreUrl({self})")
+    }
+}
+
+/// Parses `--store` for clap without echoing the raw value in errors (clap's own message
+/// for a refused value repeats it, password included).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct StoreUrlParser;
+
+impl clap::builder::TypedValueParser for StoreUrlParser {
+    type Value = StoreUrl;
+
+    fn parse_ref(
+        &self,
+        cmd: &clap::Command,
+        _arg: Option<&clap::Arg>,
+        value: &std::ffi::OsStr,
+    ) -> Result<StoreUrl, clap::Error> {
+        use clap::error::ErrorKind;
+        let text = value.to_str().ok_or_else(|| {
+            clap::Error::raw(ErrorKind::InvalidUtf8, "the store URL is not UTF-8\n").with_cmd(cmd)
+        })?;
+        text.parse().map_err(|e: StoreUrlError| {
+            clap::Error::raw(ErrorKind::ValueValidation, format!("invalid --store: {e}\n"))
+                .with_cmd(cmd)
+        })
     }
 }
 
@@ -121,8 +151,23 @@ pub(crate) enum AnyStore {
     Redis(RedisStore),
 }
 
-/// The URL with any password replaced, for messages and logs.
+/// The URL with any password replaced, for messages and logs: in the user part and in a
+/// `password=` query parameter.
 fn redact(url: &str) -> String {
+    let url = match url.split_once('?') {
+        Some((base, query)) => {
+            let query: Vec<String> = query
+                .split('&')
+                .map(|pair| match pair.split_once('=') {
+                    Some((k, _)) if k.eq_ignore_ascii_case("password") => format!("{k}=***"),
+                    _ => pair.to_owned(),
+                })
+                .collect();
+            format!("{base}?{}", query.join("&"))
+        }
+        None => url.to_owned(),
+    };
+    let url = url.as_str();
     let Some((scheme, rest)) = url.split_once("://") else {
         return url.to_owned();
     };
@@ -234,6 +279,14 @@ mod tests {
         };
         assert!(err("idem.db").contains("no scheme"));
         assert!(err("mysql://x").contains("unknown scheme \"mysql\""));
+        for secret in [
+            "postgress://idem:s3cret@db/app",
+            "host=db user=idem password=s3cret",
+            "postgres://idem@db/app?password=s3cret&schema=Bad",
+            "postgres://idem:s3cret@db/app?schema=Bad",
+        ] {
+            assert!(!err(secret).contains("s3cret"), "{}", err(secret));
+        }
         assert!(err("sqlite:").contains("names no file"));
         assert!(err("memory:x").contains("takes no path"));
         assert!(err("postgres://h/db?schema=Bad").contains("plain identifier"));
@@ -253,5 +306,9 @@ mod tests {
             .unwrap_or_default();
         assert!(!err.contains("s3cret"), "{err}");
         assert_eq!(redact("redis://h:6379"), "redis://h:6379");
+        let url: StoreUrl = "postgres://idem@db/app?password=s3cret"
+            .parse()
+            .expect("parses");
+        assert_eq!(format!("{url:?}"), "StoreUrl(postgres://idem@db/app?password=***)");
     }
 }
