@@ -106,8 +106,11 @@ impl clap::builder::TypedValueParser for StoreUrlParser {
             clap::Error::raw(ErrorKind::InvalidUtf8, "the store URL is not UTF-8\n").with_cmd(cmd)
         })?;
         text.parse().map_err(|e: StoreUrlError| {
-            clap::Error::raw(ErrorKind::ValueValidation, format!("invalid --store: {e}\n"))
-                .with_cmd(cmd)
+            clap::Error::raw(
+                ErrorKind::ValueValidation,
+                format!("invalid --store: {e}\n"),
+            )
+            .with_cmd(cmd)
         })
     }
 }
@@ -309,6 +312,9 @@ mod tests {
         let url: StoreUrl = "postgres://idem@db/app?password=s3cret"
             .parse()
             .expect("parses");
-        assert_eq!(format!("{url:?}"), "StoreUrl(postgres://idem@db/app?password=***)");
+        assert_eq!(
+            format!("{url:?}"),
+            "StoreUrl(postgres://idem@db/app?password=***)"
+        );
     }
 }

@@ -35,6 +35,9 @@ struct Inner {
     clock: Option<Arc<dyn Clock>>,
     op_timeout: Duration,
     scripts: Scripts,
+    /// What in the server's configuration breaks DESIGN §9 (claims durable before the
+    /// effect) or lets Redis evict records; read once at connect.
+    warnings: Vec<String>,
 }
 
 impl fmt::Debug for RedisStore {
@@ -71,6 +74,10 @@ impl RedisStore {
         .map_err(|_| unavailable("connect", "timed out"))?
         .map_err(|e| unavailable("connect", e))?;
         let index = format!("{}:expiry", opts.prefix);
+        let warnings = durability_warnings(&mut con.clone(), opts.op_timeout).await;
+        for w in &warnings {
+            tracing::warn!("redis store: {w}");
+        }
         Ok(RedisStore {
             inner: Arc::new(Inner {
                 con,
@@ -79,6 +86,7 @@ impl RedisStore {
                 clock: opts.clock,
                 op_timeout: opts.op_timeout,
                 scripts: Scripts::new(),
+                warnings,
             }),
         })
     }
@@ -87,6 +95,13 @@ impl RedisStore {
     pub async fn connect_url(url: &str) -> Result<Self, StoreError> {
         let opts = RedisOptions::from_url(url).map_err(|e| unavailable("url", e))?;
         Self::connect(opts).await
+    }
+
+    /// What in the server's configuration makes claims less than durable, or lets Redis
+    /// evict records (and so run a key twice). Empty when all is well, or when the server
+    /// does not let clients read its configuration.
+    pub fn durability_warnings(&self) -> &[String] {
+        &self.inner.warnings
     }
 
     /// The prefix of every key this store writes.
@@ -155,6 +170,14 @@ impl RedisStore {
         }
     }
 
+    /// Indexes a completed record; a failure is logged, not returned: the result is
+    /// stored, and Redis's own expiry deletes the record if `purge_expired` never sees it.
+    async fn index_or_warn(&self, record_key: &str, expires_at: Timestamp) {
+        if let Err(e) = self.index(record_key, expires_at).await {
+            tracing::warn!(key = record_key, error = %e, "completed record not indexed for purge");
+        }
+    }
+
     async fn redis_now(&self) -> Result<Timestamp, StoreError> {
         if let Some(c) = &self.inner.clock {
             return Ok(c.now());
@@ -166,6 +189,53 @@ impl RedisStore {
             .map_err(|e| unavailable("time", e))?;
         Ok(Timestamp::from_millis(secs * 1000 + micros / 1000))
     }
+}
+
+/// Reads the persistence and eviction settings that decide whether a claim survives a
+/// restart and whether a record can vanish before its retention ends.
+async fn durability_warnings(con: &mut ConnectionManager, timeout: Duration) -> Vec<String> {
+    let read = async {
+        let mut settings = std::collections::HashMap::new();
+        for name in ["appendonly", "appendfsync", "maxmemory", "maxmemory-policy"] {
+            let pair: Vec<String> = redis::cmd("CONFIG")
+                .arg("GET")
+                .arg(name)
+                .query_async(con)
+                .await?;
+            if let [k, v] = pair.as_slice() {
+                settings.insert(k.clone(), v.clone());
+            }
+        }
+        Ok::<_, redis::RedisError>(settings)
+    };
+    let Ok(Ok(settings)) = tokio::time::timeout(timeout, read).await else {
+        // Managed services often refuse CONFIG: nothing can be said.
+        return Vec::new();
+    };
+    let get = |k: &str| settings.get(k).map_or("", String::as_str);
+    let mut warnings = Vec::new();
+    if get("appendonly") != "yes" {
+        warnings.push(
+            "appendonly is not yes: claims and results are lost if Redis restarts, and a \
+             retry then runs again (set appendonly yes, appendfsync always)"
+                .to_owned(),
+        );
+    } else if get("appendfsync") != "always" {
+        warnings.push(format!(
+            "appendfsync is {}: a claim is acknowledged before it is on disk, so a crash can \
+             lose it (set appendfsync always)",
+            get("appendfsync")
+        ));
+    }
+    let evicts = get("maxmemory") != "0" && get("maxmemory-policy") != "noeviction";
+    if evicts {
+        warnings.push(format!(
+            "maxmemory-policy is {} with a memory limit: Redis may evict records before \
+             their retention ends, and a retry then runs again (set noeviction)",
+            get("maxmemory-policy")
+        ));
+    }
+    warnings
 }
 
 async fn futures_next<T>(iter: &mut redis::AsyncIter<'_, T>) -> Option<redis::RedisResult<T>>
@@ -254,7 +324,7 @@ impl Store for RedisStore {
                     .transpose()?
                     .flatten()
                     .ok_or_else(|| corrupt("complete returned no record"))?;
-                self.index(&k, rec.expires_at).await?;
+                self.index_or_warn(&k, rec.expires_at).await;
                 Ok(rec)
             }
             other => Err(refusal(other)?),
@@ -375,7 +445,7 @@ impl Store for RedisStore {
             "ok" => {
                 let rec = items.get(2).map(reply::record).transpose()?.flatten();
                 if let Some(r) = &rec {
-                    self.index(&k, r.expires_at).await?;
+                    self.index_or_warn(&k, r.expires_at).await;
                 }
                 Ok(rec)
             }

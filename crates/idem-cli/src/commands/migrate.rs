@@ -24,7 +24,13 @@ fn describe(url: &StoreUrl, store: &AnyStore) -> String {
             idem_store_postgres::SCHEMA_VERSION
         ),
         AnyStore::Sqlite(_) => format!("{url}: at version {}", idem_store_sqlite::SCHEMA_VERSION),
-        AnyStore::Redis(r) => format!("{url}: nothing to create (keys under {}:)", r.prefix()),
+        AnyStore::Redis(r) => {
+            let mut text = format!("{url}: nothing to create (keys under {}:)", r.prefix());
+            for w in r.durability_warnings() {
+                text.push_str(&format!("\nwarning: {w}"));
+            }
+            text
+        }
         AnyStore::Memory(_) => format!("{url}: nothing to create (in memory)"),
     }
 }

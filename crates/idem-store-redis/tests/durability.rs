@@ -1,0 +1,41 @@
+//! The store says when the server's configuration lets a claim be lost or a record be
+//! evicted, as read from the real server. Skips without Redis unless IDEM_REQUIRE_SERVICES=1.
+
+use std::io::Write as _;
+
+use idem_store_redis::RedisStore;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn warnings_match_the_servers_persistence_settings() {
+    let url = "redis://127.0.0.1:6379/?prefix=idem-durability-test";
+    let store = match RedisStore::connect_url(url).await {
+        Ok(s) => s,
+        Err(e) => {
+            let required = std::env::var("IDEM_REQUIRE_SERVICES").is_ok_and(|v| v == "1");
+            assert!(!required, "Redis is required: {e}");
+            let _ = writeln!(std::io::stderr(), "skipped: no Redis: {e}");
+            return;
+        }
+    };
+    let client = redis::Client::open("redis://127.0.0.1:6379").unwrap_or_else(|e| panic!("{e}"));
+    let mut con = client
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let appendonly: Vec<String> = redis::cmd("CONFIG")
+        .arg("GET")
+        .arg("appendonly")
+        .query_async(&mut con)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let warned = store
+        .durability_warnings()
+        .iter()
+        .any(|w| w.contains("appendonly"));
+    assert_eq!(
+        warned,
+        appendonly.get(1).map(String::as_str) != Some("yes"),
+        "appendonly {appendonly:?}, warnings {:?}",
+        store.durability_warnings()
+    );
+}
