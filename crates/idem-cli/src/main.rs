@@ -13,11 +13,16 @@ use clap::Parser;
 use crate::cli::{Cli, Command};
 
 fn main() -> ExitCode {
+    // rmcp's transport worker logs an ERROR for every connection attempt it gives up on;
+    // idem reports what that means itself (a refused start, a tool error result), so by
+    // default those lines are noise. IDEM_LOG replaces the whole default.
     tracing_subscriber::fmt()
         .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("IDEM_LOG")
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+            tracing_subscriber::EnvFilter::try_from_env("IDEM_LOG").unwrap_or_else(|_| {
+                tracing_subscriber::EnvFilter::new("warn,rmcp::transport::worker=off")
+            }),
         )
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_writer(std::io::stderr)
         .init();
     let cli = Cli::parse();

@@ -8,6 +8,7 @@ use std::collections::HashMap;
 use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::time::Duration;
 
 use anyhow::{Context, Result};
 use http::{HeaderName, HeaderValue};
@@ -92,17 +93,28 @@ pub async fn serve<S: Store + Clone>(
     on_bound: impl FnOnce(SocketAddr),
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<()> {
-    let config = StreamableHttpClientTransportConfig::with_uri(upstream.url.as_str())
-        .custom_headers(upstream.headers);
-    let client =
-        ().serve(StreamableHttpClientTransport::from_config(config))
-            .await
-            .with_context(|| {
-                format!(
-                    "cannot connect to the upstream MCP server at {}",
-                    upstream.url
-                )
-            })?;
+    // The upstream may be starting alongside the proxy (a service manager, a shell line
+    // with `&`): keep trying for a while before giving up, as a sidecar should.
+    let deadline = tokio::time::Instant::now() + CONNECT_PATIENCE;
+    let client = loop {
+        let config = StreamableHttpClientTransportConfig::with_uri(upstream.url.as_str())
+            .custom_headers(upstream.headers.clone());
+        match ().serve(StreamableHttpClientTransport::from_config(config)).await {
+            Ok(client) => break client,
+            Err(e) if tokio::time::Instant::now() < deadline => {
+                tracing::debug!(error = %e, "upstream MCP server not ready; trying again");
+                tokio::time::sleep(Duration::from_millis(250)).await;
+            }
+            Err(e) => {
+                return Err(anyhow::anyhow!(
+                    "cannot connect to the upstream MCP server at {} within {}s: {}",
+                    upstream.url,
+                    CONNECT_PATIENCE.as_secs(),
+                    short(&e.to_string())
+                ));
+            }
+        }
+    };
     let proxy = Proxy::new(
         client.peer().clone(),
         store,
@@ -113,4 +125,12 @@ pub async fn serve<S: Store + Clone>(
     proxy.drain(crate::stdio::DRAIN).await;
     let _ = client.cancel().await;
     served
+}
+
+/// How long the proxy waits for its upstream to come up at start.
+const CONNECT_PATIENCE: Duration = Duration::from_secs(10);
+
+/// rmcp's transport errors name its generic types; the last part says what happened.
+fn short(e: &str) -> &str {
+    e.rsplit("error: ").next().unwrap_or(e).trim()
 }

@@ -171,7 +171,11 @@ pub(crate) fn unavailable(what: &str, e: impl std::error::Error) -> StoreError {
     let mut text = e.to_string();
     let mut cause = e.source();
     while let Some(c) = cause {
-        text = format!("{text}: {c}");
+        // Wrappers often repeat their cause's text; say each thing once.
+        let said = c.to_string();
+        if !text.ends_with(&said) {
+            text = format!("{text}: {said}");
+        }
         cause = c.source();
     }
     unavailable_because(what, text)

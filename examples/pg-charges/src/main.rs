@@ -16,7 +16,7 @@ use idem_store_postgres::PgStore;
 #[derive(Debug, Parser)]
 struct Args {
     /// Address to listen on (port 0 picks one; the address is printed).
-    #[arg(long, default_value = "127.0.0.1:3000")]
+    #[arg(long, default_value = "127.0.0.1:3002")]
     listen: SocketAddr,
     /// The database, with ?schema=NAME for the schema holding charges and records.
     #[arg(
