@@ -47,7 +47,7 @@ impl PgOptions {
     /// Parses `postgres://...`, taking idem's `schema=NAME` query parameter out before
     /// tokio-postgres reads the rest.
     pub fn from_url(url: &str) -> Result<Self, PgUrlError> {
-        let (rest, schema) = take_param(url, "schema");
+        let (rest, schema) = idem_core::store::take_url_param(url, "schema");
         let schema = schema.unwrap_or_else(|| DEFAULT_SCHEMA.to_owned());
         if !is_identifier(&schema) {
             return Err(PgUrlError::Schema(schema));
@@ -78,30 +78,6 @@ pub(crate) fn is_identifier(s: &str) -> bool {
         && !s.starts_with("pg_")
         && b.iter()
             .all(|&c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == b'_')
-}
-
-/// Removes `name=value` from the URL's query; returns the URL without it and the value.
-fn take_param(url: &str, name: &str) -> (String, Option<String>) {
-    let Some((base, query)) = url.split_once('?') else {
-        return (url.to_owned(), None);
-    };
-    let mut value = None;
-    let kept: Vec<&str> = query
-        .split('&')
-        .filter(|pair| match pair.split_once('=') {
-            Some((k, v)) if k == name => {
-                value = Some(v.to_owned());
-                false
-            }
-            _ => true,
-        })
-        .collect();
-    let url = if kept.is_empty() {
-        base.to_owned()
-    } else {
-        format!("{base}?{}", kept.join("&"))
-    };
-    (url, value)
 }
 
 #[cfg(test)]

@@ -767,25 +767,7 @@ impl Store for PgStore {
         key: &Key,
         token: FencingToken,
     ) -> Result<(), StoreError> {
-        let inner = &self.inner;
-        inner
-            .bounded(async {
-                let client = inner.after_commit_client().await?;
-                let stmt = client
-                    .prepare_cached(&inner.sql.release)
-                    .await
-                    .map_err(|e| unavailable("prepare release", e))?;
-                let n = client
-                    .execute(&stmt, &[&scope.as_str(), &key.as_str(), &token.as_i64()])
-                    .await
-                    .map_err(|e| unavailable("release", e))?;
-                if n == 1 {
-                    Ok(())
-                } else {
-                    Err(inner.refusal(&client, scope, key, token).await)
-                }
-            })
-            .await
+        self.inner.release_one(scope, key, token).await
     }
 
     async fn extend(

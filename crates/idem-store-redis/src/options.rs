@@ -36,7 +36,7 @@ pub enum RedisUrlError {
 impl RedisOptions {
     /// Parses `redis://...`, taking idem's `prefix=NAME` query parameter out first.
     pub fn from_url(url: &str) -> Result<Self, RedisUrlError> {
-        let (rest, prefix) = take_param(url, "prefix");
+        let (rest, prefix) = idem_core::store::take_url_param(url, "prefix");
         let prefix = prefix.unwrap_or_else(|| DEFAULT_PREFIX.to_owned());
         let ok = !prefix.is_empty()
             && prefix.len() <= 64
@@ -55,30 +55,6 @@ impl RedisOptions {
             op_timeout: Duration::from_secs(5),
         })
     }
-}
-
-/// Removes `name=value` from the URL's query; returns the URL without it and the value.
-fn take_param(url: &str, name: &str) -> (String, Option<String>) {
-    let Some((base, query)) = url.split_once('?') else {
-        return (url.to_owned(), None);
-    };
-    let mut value = None;
-    let kept: Vec<&str> = query
-        .split('&')
-        .filter(|pair| match pair.split_once('=') {
-            Some((k, v)) if k == name => {
-                value = Some(v.to_owned());
-                false
-            }
-            _ => true,
-        })
-        .collect();
-    let url = if kept.is_empty() {
-        base.to_owned()
-    } else {
-        format!("{base}?{}", kept.join("&"))
-    };
-    (url, value)
 }
 
 #[cfg(test)]

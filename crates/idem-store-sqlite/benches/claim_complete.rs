@@ -9,30 +9,13 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
-use idem_core::{
-    AbandonedPolicy, Claim, ClaimRequest, Fingerprint, Key, MemoryStore, Scope, Store,
-    StoredResponse,
-};
+use idem_conformance::load::{fresh_request as fresh_req, run_concurrent};
+use idem_core::{Claim, MemoryStore, Store, StoredResponse};
 use idem_store_sqlite::SqliteStore;
 use rusqlite::{Connection, TransactionBehavior, params};
-
-static NEXT: AtomicU64 = AtomicU64::new(0);
-
-fn fresh_req() -> ClaimRequest {
-    let n = NEXT.fetch_add(1, Ordering::Relaxed);
-    ClaimRequest {
-        scope: Scope::anonymous(),
-        key: Key::new(format!("bench-{n}")).unwrap_or_else(|e| panic!("{e}")),
-        fingerprint: Fingerprint::http("POST", "/v1/charges", None, &n.to_le_bytes()),
-        lease: Duration::from_secs(60),
-        retention: Duration::from_secs(3600),
-        on_abandoned: AbandonedPolicy::Reject,
-    }
-}
 
 async fn pair<S: Store>(store: &S) {
     let req = fresh_req();
@@ -53,25 +36,10 @@ fn run_pairs<S: Store + Clone>(
     concurrency: u64,
     iters: u64,
 ) -> Duration {
-    rt.block_on(async {
-        let start = Instant::now();
-        let tasks: Vec<_> = (0..concurrency)
-            .map(|t| {
-                let store = store.clone();
-                let share = iters / concurrency + u64::from(t < iters % concurrency);
-                tokio::spawn(async move {
-                    for _ in 0..share {
-                        pair(&store).await;
-                    }
-                })
-            })
-            .collect();
-        for t in tasks {
-            if let Err(e) = t.await {
-                panic!("task: {e}");
-            }
-        }
-        start.elapsed()
+    let store = store.clone();
+    run_concurrent(rt, concurrency, iters, move || {
+        let store = store.clone();
+        async move { pair(&store).await }
     })
 }
 

@@ -154,3 +154,29 @@ pub trait Store: Send + Sync + 'static {
         resolution: Resolution,
     ) -> impl Future<Output = Result<Option<Record>, StoreError>> + Send;
 }
+
+/// Removes `name=value` from a store URL's query; returns the URL without it and the value.
+/// Store URLs carry idem's own parameters (`schema`, `prefix`) beside the driver's, which
+/// would refuse them.
+pub fn take_url_param(url: &str, name: &str) -> (String, Option<String>) {
+    let Some((base, query)) = url.split_once('?') else {
+        return (url.to_owned(), None);
+    };
+    let mut value = None;
+    let kept: Vec<&str> = query
+        .split('&')
+        .filter(|pair| match pair.split_once('=') {
+            Some((k, v)) if k == name => {
+                value = Some(v.to_owned());
+                false
+            }
+            _ => true,
+        })
+        .collect();
+    let url = if kept.is_empty() {
+        base.to_owned()
+    } else {
+        format!("{base}?{}", kept.join("&"))
+    };
+    (url, value)
+}
