@@ -4,7 +4,9 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use idem_core::{AbandonedPolicy, ClaimRequest, Fingerprint, Key, Scope};
+use idem_core::{
+    AbandonedPolicy, Claim, ClaimRequest, Fingerprint, Key, Scope, Store, StoredResponse,
+};
 
 static NEXT: AtomicU64 = AtomicU64::new(0);
 
@@ -54,4 +56,47 @@ where
         }
         start.elapsed()
     })
+}
+
+/// The response every benchmark stores.
+pub const BODY: &[u8] = br#"{"charge_id":"ch_123","amount":4900}"#;
+
+/// Claims a fresh key, and completes it when `complete`: one execution's store work.
+pub async fn claim_fresh<S: Store>(store: &S, complete: bool) {
+    let r = fresh_request();
+    let (scope, key) = (r.scope.clone(), r.key.clone());
+    let Ok(Claim::Acquired(lease)) = store.claim(r).await else {
+        panic!("a fresh key was not acquired");
+    };
+    if complete {
+        let resp = StoredResponse::new(201, BODY.to_vec());
+        if let Err(e) = store.complete(&scope, &key, lease.token, resp).await {
+            panic!("complete: {e}");
+        }
+    }
+}
+
+/// Stores the result that [`replay`] asks for again and again.
+pub async fn prepare_replay<S: Store>(store: &S) {
+    let r = request(u64::MAX);
+    let (scope, key) = (r.scope.clone(), r.key.clone());
+    if let Ok(Claim::Acquired(l)) = store.claim(r).await
+        && let Err(e) = store
+            .complete(
+                &scope,
+                &key,
+                l.token,
+                StoredResponse::new(201, BODY.to_vec()),
+            )
+            .await
+    {
+        panic!("complete: {e}");
+    }
+}
+
+/// A claim answered with the stored result of [`prepare_replay`].
+pub async fn replay<S: Store>(store: &S) {
+    let Ok(Claim::Completed(_)) = store.claim(request(u64::MAX)).await else {
+        panic!("no replay");
+    };
 }

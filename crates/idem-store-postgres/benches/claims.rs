@@ -10,12 +10,12 @@ use std::time::Duration;
 
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
 use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
-use idem_conformance::load::{fresh_request as fresh, request as req, run_concurrent};
-use idem_core::{Claim, Store, StoredResponse};
+use idem_conformance::load::{
+    BODY, claim_fresh, fresh_request as fresh, prepare_replay, replay, run_concurrent,
+};
 use idem_store_postgres::{PgOptions, PgStore};
 
 const CONCURRENCY: u64 = 32;
-const BODY: &[u8] = br#"{"charge_id":"ch_123","amount":4900}"#;
 
 #[derive(Clone, Copy)]
 enum Op {
@@ -28,24 +28,9 @@ enum Op {
 
 async fn one(store: &PgStore, naive: &Pool, op: Op) {
     match op {
-        Op::Claim | Op::Pair => {
-            let r = fresh();
-            let (scope, key) = (r.scope.clone(), r.key.clone());
-            let Ok(Claim::Acquired(lease)) = store.claim(r).await else {
-                panic!("a fresh key was not acquired");
-            };
-            if matches!(op, Op::Pair) {
-                let resp = StoredResponse::new(201, BODY.to_vec());
-                if let Err(e) = store.complete(&scope, &key, lease.token, resp).await {
-                    panic!("complete: {e}");
-                }
-            }
-        }
-        Op::Replay => {
-            let Ok(Claim::Completed(_)) = store.claim(req(u64::MAX)).await else {
-                panic!("no replay");
-            };
-        }
+        Op::Claim => claim_fresh(store, false).await,
+        Op::Pair => claim_fresh(store, true).await,
+        Op::Replay => replay(store).await,
         Op::NaiveClaim | Op::NaivePair => {
             let r = fresh();
             let c = naive.get().await.unwrap_or_else(|e| panic!("{e}"));
@@ -134,14 +119,7 @@ fn claims(c: &mut Criterion) {
             )
             .await
             .unwrap_or_else(|e| panic!("{e}"));
-        let r = req(u64::MAX);
-        let (scope, key) = (r.scope.clone(), r.key.clone());
-        if let Ok(Claim::Acquired(l)) = store.claim(r).await {
-            store
-                .complete(&scope, &key, l.token, StoredResponse::new(201, BODY.to_vec()))
-                .await
-                .unwrap_or_else(|e| panic!("{e}"));
-        }
+        prepare_replay(&store).await;
         (store, naive)
     });
     let mut group = c.benchmark_group("postgres");

@@ -8,13 +8,11 @@
 use std::time::Duration;
 
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
-use idem_conformance::load::{fresh_request, request, run_concurrent};
-use idem_core::{Claim, Store, StoredResponse};
+use idem_conformance::load::{claim_fresh, fresh_request, prepare_replay, replay, run_concurrent};
 use idem_store_redis::{RedisOptions, RedisStore};
 use redis::aio::ConnectionManager;
 
 const CONCURRENCY: u64 = 32;
-const BODY: &[u8] = br#"{"charge_id":"ch_123","amount":4900}"#;
 
 #[derive(Clone, Copy)]
 enum Op {
@@ -26,24 +24,9 @@ enum Op {
 
 async fn one(store: &RedisStore, raw: &ConnectionManager, op: Op) {
     match op {
-        Op::Claim | Op::Pair => {
-            let r = fresh_request();
-            let (scope, key) = (r.scope.clone(), r.key.clone());
-            let Ok(Claim::Acquired(lease)) = store.claim(r).await else {
-                panic!("a fresh key was not acquired");
-            };
-            if matches!(op, Op::Pair) {
-                let resp = StoredResponse::new(201, BODY.to_vec());
-                if let Err(e) = store.complete(&scope, &key, lease.token, resp).await {
-                    panic!("complete: {e}");
-                }
-            }
-        }
-        Op::Replay => {
-            let Ok(Claim::Completed(_)) = store.claim(request(u64::MAX)).await else {
-                panic!("no replay");
-            };
-        }
+        Op::Claim => claim_fresh(store, false).await,
+        Op::Pair => claim_fresh(store, true).await,
+        Op::Replay => replay(store).await,
         Op::SetNx => {
             let r = fresh_request();
             let mut con = raw.clone();
@@ -79,19 +62,7 @@ fn claims(c: &mut Criterion) {
         let raw = ConnectionManager::new(client)
             .await
             .unwrap_or_else(|e| panic!("{e}"));
-        let r = request(u64::MAX);
-        let (scope, key) = (r.scope.clone(), r.key.clone());
-        if let Ok(Claim::Acquired(l)) = store.claim(r).await {
-            store
-                .complete(
-                    &scope,
-                    &key,
-                    l.token,
-                    StoredResponse::new(201, BODY.to_vec()),
-                )
-                .await
-                .unwrap_or_else(|e| panic!("{e}"));
-        }
+        prepare_replay(&store).await;
         (store, raw)
     });
     let mut group = c.benchmark_group("redis");
