@@ -143,5 +143,96 @@ class PythonClientThroughStdioProxy(unittest.IsolatedAsyncioTestCase):
         self.assertEqual(self.count_charges(), 1)
 
 
+# An upstream MCP server scripted line by line, to change what it declares between listings.
+# `flip` is read-only at the first tools/list and has side effects from then on; `own`
+# declares `idempotency_key` itself. Every tools/call is appended to $UPLOG.
+SCRIPTED_UPSTREAM = r"""
+import json, os, sys
+lists = 0
+def out(m):
+    sys.stdout.write(json.dumps(m) + "\n"); sys.stdout.flush()
+for line in sys.stdin:
+    m = json.loads(line); mid = m.get("id"); meth = m.get("method")
+    if meth == "initialize":
+        out({"jsonrpc": "2.0", "id": mid, "result": {"protocolVersion": m["params"]["protocolVersion"],
+             "capabilities": {"tools": {}}, "serverInfo": {"name": "scripted", "version": "1"}}})
+    elif meth == "tools/list":
+        lists += 1
+        out({"jsonrpc": "2.0", "id": mid, "result": {"tools": [
+            {"name": "flip", "inputSchema": {"type": "object"},
+             "annotations": {"readOnlyHint": lists == 1}},
+            {"name": "own", "inputSchema": {"type": "object",
+             "properties": {"idempotency_key": {"type": "string"}}}}]}})
+    elif meth == "tools/call":
+        with open(os.environ["UPLOG"], "a") as f:
+            f.write(json.dumps(m["params"]) + "\n")
+        out({"jsonrpc": "2.0", "id": mid, "result": {"content": [{"type": "text", "text": "ran"}]}})
+    elif mid is not None and meth is not None:
+        out({"jsonrpc": "2.0", "id": mid, "result": {}})
+"""
+
+
+@unittest.skipIf(WHY is not None, WHY or "")
+class ProxyInFrontOfAChangingUpstream(unittest.IsolatedAsyncioTestCase):
+    def setUp(self):
+        self.dir = tempfile.TemporaryDirectory(prefix="idem-mcp-up-")
+        self.upstream = os.path.join(self.dir.name, "upstream.py")
+        self.log = os.path.join(self.dir.name, "calls.log")
+        pathlib.Path(self.upstream).write_text(SCRIPTED_UPSTREAM)
+
+    def tearDown(self):
+        self.dir.cleanup()
+
+    def calls(self):
+        if not os.path.exists(self.log):
+            return []
+        import json
+
+        return [json.loads(line) for line in pathlib.Path(self.log).read_text().splitlines()]
+
+    def session(self):
+        import sys
+        from contextlib import asynccontextmanager
+
+        from mcp import ClientSession, StdioServerParameters
+        from mcp.client.stdio import stdio_client
+
+        params = StdioServerParameters(
+            command=str(idem_binary()),
+            args=["mcp", "--store", f"sqlite:{self.dir.name}/idem.db", "--", sys.executable, self.upstream],
+            env={**os.environ, "UPLOG": self.log},
+        )
+
+        @asynccontextmanager
+        async def connected():
+            async with stdio_client(params) as (read, write):
+                async with ClientSession(read, write) as session:
+                    await session.initialize()
+                    yield session
+
+        return connected()
+
+    async def test_a_key_in_meta_reaches_an_upstream_that_declares_it(self):
+        async with self.session() as s:
+            await s.list_tools()
+            result = await s.call_tool("own", {"a": 1}, meta={"idempotency_key": "m1"})
+        self.assertFalse(result.is_error, text(result))
+        self.assertEqual([c["arguments"] for c in self.calls()], [{"a": 1, "idempotency_key": "m1"}])
+
+    async def test_a_tool_that_gained_side_effects_needs_a_key_once_the_listing_is_old(self):
+        import asyncio
+
+        async with self.session() as s:
+            listed = {t.name: t for t in (await s.list_tools()).tools}
+            self.assertNotIn("idempotency_key", listed["flip"].input_schema.get("properties", {}))
+            # The proxy trusts a listing for 10 s; after that it reads the list again before
+            # passing a tool through, and now `flip` has side effects.
+            await asyncio.sleep(10.5)
+            result = await s.call_tool("flip", {})
+        self.assertTrue(result.is_error, text(result))
+        self.assertEqual(idem_meta(result).get("problem"), "key-missing")
+        self.assertEqual(self.calls(), [])
+
+
 if __name__ == "__main__":
     unittest.main()

@@ -189,11 +189,22 @@ impl Policies {
     /// Validates a policy file's text.
     pub fn parse(text: &str) -> Result<Self> {
         let file: PolicyFile = toml::from_str(text)?;
-        Ok(Self::from_file(file))
+        Self::from_file(file)
     }
 
-    /// From a parsed file.
-    pub fn from_file(file: PolicyFile) -> Self {
+    /// From a parsed file, refusing settings that would let one key run twice or never
+    /// replay.
+    pub fn from_file(file: PolicyFile) -> Result<Self> {
+        if file.defaults.class.is_some() {
+            anyhow::bail!(
+                "[defaults] cannot set class: every tool would get it whatever it declares; \
+                 set class per tool under [tools.NAME]"
+            );
+        }
+        check(&file.defaults).context("in [defaults]")?;
+        for (name, f) in &file.tools {
+            check(f).with_context(|| format!("in [tools.{name}]"))?;
+        }
         let mut defaults = ToolPolicy::default();
         defaults.apply(&file.defaults);
         let tools = file
@@ -205,12 +216,12 @@ impl Policies {
                 (name, (f.class, p))
             })
             .collect();
-        Policies {
+        Ok(Policies {
             defaults,
             tools,
             scope: file.scope,
             scope_headers: file.scope_headers,
-        }
+        })
     }
 
     /// The class of `tool`: the file's word if it has one, else the annotations'.
@@ -228,6 +239,29 @@ impl Policies {
     pub fn for_tool(&self, name: &str) -> &ToolPolicy {
         self.tools.get(name).map_or(&self.defaults, |(_, p)| p)
     }
+}
+
+/// The shortest lease: a claim must outlive a heartbeat's round trip to the store, or a
+/// duplicate takes the key over while the first call still runs.
+const MIN_LEASE: Duration = Duration::from_secs(1);
+
+fn check(f: &ToolFile) -> Result<()> {
+    if let Some(l) = f.lease
+        && l < MIN_LEASE
+    {
+        anyhow::bail!(
+            "lease {} is under {}: a duplicate would take the key over while the first call still runs",
+            humantime::format_duration(l),
+            humantime::format_duration(MIN_LEASE)
+        );
+    }
+    if f.retention.is_some_and(|r| r.is_zero()) {
+        anyhow::bail!("retention 0s keeps no result: a retry would run the tool again");
+    }
+    if f.upstream_timeout.is_some_and(|t| t.is_zero()) {
+        anyhow::bail!("upstream_timeout 0s makes every call's outcome unknown");
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -299,6 +333,15 @@ mod tests {
     fn mistakes_in_the_file_are_errors() {
         assert!(Policies::parse("[tools.x]\nclass = \"sometimes\"").is_err());
         assert!(Policies::parse("[tools.x]\nretention = \"soon\"").is_err());
+        for bad in [
+            "[defaults]\nlease = \"0s\"",
+            "[tools.x]\nlease = \"500ms\"",
+            "[tools.x]\nretention = \"0s\"",
+            "[defaults]\nupstream_timeout = \"0s\"",
+            "[defaults]\nclass = \"effect\"",
+        ] {
+            assert!(Policies::parse(bad).is_err(), "{bad}");
+        }
         assert!(Policies::parse("[tools.x]\nretentoin = \"1h\"").is_err());
     }
 }

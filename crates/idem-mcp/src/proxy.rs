@@ -13,6 +13,7 @@
 
 use std::collections::HashMap;
 use std::sync::{Arc, RwLock};
+use std::time::{Duration, Instant};
 
 use http::HeaderName;
 use idem_core::{Fingerprint, Key, Scope, Store};
@@ -57,7 +58,14 @@ pub struct Proxy<S> {
     policies: Arc<Policies>,
     scope: ScopeBy,
     tools: Arc<RwLock<HashMap<String, Known>>>,
+    /// When the upstream's tool list was last read.
+    listed_at: Arc<RwLock<Option<Instant>>>,
 }
+
+/// How long a tool classed read or idempotent is passed through on what the last
+/// `tools/list` said. Past it the list is read again first: an upstream redeployed with a
+/// tool that now has side effects must not have it pass through without a key for long.
+const TRUST_LISTING: Duration = Duration::from_secs(10);
 
 impl<S: Clone> Clone for Proxy<S> {
     fn clone(&self) -> Self {
@@ -68,6 +76,7 @@ impl<S: Clone> Clone for Proxy<S> {
             policies: self.policies.clone(),
             scope: self.scope.clone(),
             tools: self.tools.clone(),
+            listed_at: self.listed_at.clone(),
         }
     }
 }
@@ -83,6 +92,7 @@ impl<S: Store + Clone> Proxy<S> {
             policies: Arc::new(policies),
             scope,
             tools: Arc::default(),
+            listed_at: Arc::default(),
         }
     }
 
@@ -109,6 +119,7 @@ impl<S: Store + Clone> Proxy<S> {
 
     /// Classifies and rewrites the upstream's tools, remembering what it learnt.
     fn present(&self, tools: Vec<Tool>) -> Vec<Tool> {
+        *self.listed_at.write().unwrap_or_else(|p| p.into_inner()) = Some(Instant::now());
         let mut known = self.tools.write().unwrap_or_else(|p| p.into_inner());
         tools
             .into_iter()
@@ -127,12 +138,27 @@ impl<S: Store + Clone> Proxy<S> {
     }
 
     /// What is known of `name`, asking the upstream when a client calls a tool it never listed.
+    /// A tool classed an effect is trusted as long as it is known (the safe direction); one
+    /// that would pass through is trusted only on a recent listing.
     async fn known(&self, name: &str) -> Known {
         if let Some(k) = self.lookup(name) {
-            return k;
+            let recent = self
+                .listed_at
+                .read()
+                .unwrap_or_else(|p| p.into_inner())
+                .is_some_and(|at| at.elapsed() < TRUST_LISTING);
+            if k.class == Class::Effect || recent {
+                return k;
+            }
         }
         match self.upstream.list_all_tools().await {
             Ok(tools) => {
+                // The whole list: a tool no longer listed is forgotten, so it counts as an
+                // effect from now on.
+                self.tools
+                    .write()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .clear();
                 let _ = self.present(tools);
             }
             Err(e) => tracing::warn!(error = %e, "cannot list the upstream's tools"),

@@ -107,10 +107,12 @@ pub fn take_key(
             kind(&other)
         )),
     };
-    let forward = match from_args {
-        Some(k) if upstream_declares => {
+    // An upstream that declares the key gets it however it came (argument or `_meta`): it
+    // may dedup by it itself, which is what makes `on_unknown = "retry"` safe (DESIGN §5).
+    let forward = match &key {
+        KeyArg::Present(k) if upstream_declares => {
             let mut f = args.clone();
-            f.insert(KEY_ARG.into(), k);
+            f.insert(KEY_ARG.into(), Value::String(k.clone()));
             Some(f)
         }
         _ if had_arguments || !args.is_empty() => Some(args.clone()),
@@ -200,6 +202,13 @@ mod tests {
         assert_eq!(key, KeyArg::Present("k2".into()));
         let (key, _, fwd) = take_key(None, None, false);
         assert_eq!((key, fwd), (KeyArg::Missing, None));
+        // A key sent in _meta still reaches an upstream that declares the property.
+        let meta = obj(json!({"idempotency_key": "k3"}));
+        let (_, _, fwd) = take_key(Some(obj(json!({"a": 1}))), Some(&meta), true);
+        assert_eq!(
+            fwd.map(Value::Object),
+            Some(json!({"a": 1, "idempotency_key": "k3"}))
+        );
     }
 
     #[test]
