@@ -36,21 +36,27 @@ pub(crate) struct ClaimRow {
 /// A claim waiting for its batch, with the token it will hold if it acquires.
 pub(crate) type ClaimJob = (ClaimRequest, FencingToken);
 
-/// What a claim that gave up waiting on a locked row says, and how the batcher knows it.
-const BUSY: &str = "the key is locked by another transaction";
+/// A claim statement that failed. `busy`: the server gave up waiting on a lock
+/// (`lock_timeout`) or on the statement (`statement_timeout`), so the key is held by another
+/// transaction rather than the store being down.
+#[derive(Debug)]
+struct Failed {
+    error: StoreError,
+    busy: bool,
+}
 
-/// Whether the server gave up waiting on a lock (`lock_timeout`) or on the statement
-/// (`statement_timeout`).
+impl From<StoreError> for Failed {
+    fn from(error: StoreError) -> Self {
+        Failed { error, busy: false }
+    }
+}
+
 fn busy(e: &tokio_postgres::Error) -> bool {
     use tokio_postgres::error::SqlState;
     matches!(
         e.code(),
         Some(c) if *c == SqlState::LOCK_NOT_AVAILABLE || *c == SqlState::QUERY_CANCELED
     )
-}
-
-fn is_busy(e: &StoreError) -> bool {
-    matches!(e, StoreError::Unavailable(m) if m.to_string().contains(BUSY))
 }
 
 /// A [`StoreError`] again: the same message for each key a shared failure answers.
@@ -280,7 +286,7 @@ impl Inner {
         client: &impl GenericClient,
         reqs: &[(&ClaimRequest, FencingToken)],
         retry: bool,
-    ) -> Result<HashMap<(String, String), Result<ClaimRow, StoreError>>, StoreError> {
+    ) -> Result<HashMap<(String, String), Result<ClaimRow, StoreError>>, Failed> {
         let stmt = client
             .prepare_cached(&self.sql.claim)
             .await
@@ -312,12 +318,9 @@ impl Inner {
                 ],
             )
             .await
-            .map_err(|e| {
-                if busy(&e) {
-                    StoreError::Unavailable(format!("postgres: claim: {BUSY}: {e}").into())
-                } else {
-                    unavailable("claim", e)
-                }
+            .map_err(|e| Failed {
+                busy: busy(&e),
+                error: unavailable("claim", e),
             })?;
         // Each row is read on its own: a row idem cannot read fails its own key only. The
         // statement committed for the others.
@@ -393,7 +396,10 @@ impl Inner {
         let retry = req.on_abandoned == AbandonedPolicy::Retry;
         let id = (req.scope.as_str().to_owned(), req.key.as_str().to_owned());
         for _ in 0..CLAIM_RUNS {
-            let rows = self.claim_rows(client, &[(req, token)], retry).await?;
+            let rows = self
+                .claim_rows(client, &[(req, token)], retry)
+                .await
+                .map_err(|f| f.error)?;
             if let Some(answer) = self.settle(req, token, rows.get(&id))? {
                 return Ok(answer);
             }
@@ -445,12 +451,12 @@ impl Inner {
             // A lone claim that waited out the lock timeout is answered now, not run again:
             // its key is held by a transaction, and a second wait would keep this batch's
             // slot from every other key.
-            let lone_busy = group.len() == 1 && matches!(&rows, Err(e) if is_busy(e));
+            let lone_busy = group.len() == 1 && matches!(&rows, Err(f) if f.busy);
             for (req, token, reply) in group {
                 let id = (req.scope.as_str().to_owned(), req.key.as_str().to_owned());
                 let settled = match &rows {
                     Ok(rows) => self.settle(&req, token, rows.get(&id)),
-                    Err(e) if lone_busy => Err(copy(e)),
+                    Err(f) if lone_busy => Err(copy(&f.error)),
                     // The statement failed: each claim runs alone, with its token, so one
                     // that did commit is recognised as its own.
                     Err(_) => Ok(None),

@@ -120,7 +120,7 @@ impl RedisStore {
                 .scan_match::<_, String>(&pattern)
                 .await
                 .map_err(|e| unavailable("scan", e))?;
-            while let Some(k) = futures_next(&mut iter).await {
+            while let Some(k) = iter.next_item().await {
                 keys.push(k.map_err(|e| unavailable("scan", e))?);
             }
         }
@@ -236,13 +236,6 @@ async fn durability_warnings(con: &mut ConnectionManager, timeout: Duration) -> 
         ));
     }
     warnings
-}
-
-async fn futures_next<T>(iter: &mut redis::AsyncIter<'_, T>) -> Option<redis::RedisResult<T>>
-where
-    T: redis::FromRedisValue + Unpin + Send + 'static,
-{
-    iter.next_item().await
 }
 
 /// A fenced script's refusal, as the machine names it.
