@@ -2,7 +2,6 @@
 //! real binary, on a real SQLite file that the store library wrote, and on the local
 //! PostgreSQL and Redis (each test in a schema or key prefix of its own).
 
-use std::io::Write as _;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::time::Duration;
@@ -287,26 +286,6 @@ fn bad_input_gets_a_precise_message_and_a_failing_exit() {
     );
 }
 
-fn services_required() -> bool {
-    std::env::var("IDEM_REQUIRE_SERVICES").is_ok_and(|v| v == "1" || v == "true")
-}
-
-/// Whether a server answers at `addr`; says why not when a test skips.
-fn reachable(name: &str, addr: &str) -> bool {
-    match std::net::TcpStream::connect(addr) {
-        Ok(_) => true,
-        Err(e) => {
-            assert!(!services_required(), "{name} at {addr} is required: {e}");
-            // Past libtest's capture, so the skip shows in a passing run.
-            let _ = writeln!(
-                std::io::stderr(),
-                "skipped: no {name} at {addr}: {e} (set IDEM_REQUIRE_SERVICES=1 to fail instead)"
-            );
-            false
-        }
-    }
-}
-
 /// An abandoned record made through the library, then found, settled and purged through the
 /// binary, on a shared store's URL.
 async fn operators_settle_an_abandoned_key<S: Store>(store: &S, url: &str) {
@@ -338,7 +317,11 @@ async fn operators_settle_an_abandoned_key<S: Store>(store: &S, url: &str) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn operator_commands_and_migrate_on_postgres() {
-    if !reachable("PostgreSQL", "127.0.0.1:5432") {
+    if !idem_conformance::server_reachable(
+        "operator_commands_and_migrate_on_postgres",
+        "PostgreSQL",
+        "127.0.0.1:5432",
+    ) {
         return;
     }
     let schema = format!("idem_ops_{:016x}", rand::random::<u64>());
@@ -377,7 +360,8 @@ async fn operator_commands_and_migrate_on_postgres() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn operator_commands_on_redis() {
-    if !reachable("Redis", "127.0.0.1:6379") {
+    if !idem_conformance::server_reachable("operator_commands_on_redis", "Redis", "127.0.0.1:6379")
+    {
         return;
     }
     let prefix = format!("idem-ops-{:016x}", rand::random::<u64>());

@@ -6,7 +6,6 @@
 //! store off (every connection reset, new ones refused) without stopping the server other
 //! tests use. Without a server these tests skip, unless IDEM_REQUIRE_SERVICES=1.
 
-use std::io::Write as _;
 mod support;
 
 use std::collections::{HashMap, HashSet};
@@ -84,25 +83,10 @@ impl Drop for Relay {
     }
 }
 
-fn services_required() -> bool {
-    std::env::var("IDEM_REQUIRE_SERVICES").is_ok_and(|v| v == "1" || v == "true")
-}
-
-/// The server at `addr`, or `None` (after saying why) when the test should skip.
-async fn server(name: &str, addr: &str) -> Option<SocketAddr> {
-    let addr: SocketAddr = addr.parse().unwrap_or_else(|e| panic!("{addr}: {e}"));
-    match TcpStream::connect(addr).await {
-        Ok(_) => Some(addr),
-        Err(e) if !services_required() => {
-            // Past libtest's capture, so the skip shows in a passing run.
-            let _ = writeln!(
-                std::io::stderr(),
-                "skipped: no {name} at {addr}: {e} (set IDEM_REQUIRE_SERVICES=1 to fail instead)"
-            );
-            None
-        }
-        Err(e) => panic!("{name} at {addr} is required: {e}"),
-    }
+/// The server at `addr`, or `None` when the test skips (see `server_reachable`).
+fn server(test: &str, name: &str, addr: &str) -> Option<SocketAddr> {
+    idem_conformance::server_reachable(test, name, addr)
+        .then(|| addr.parse().unwrap_or_else(|e| panic!("{addr}: {e}")))
 }
 
 /// Two gateways on `store`, one upstream: one key raced from both executes once, replays
@@ -209,7 +193,7 @@ fn unique(prefix: &str) -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_gateways_on_postgres() {
-    let Some(pg) = server("PostgreSQL", "127.0.0.1:5432").await else {
+    let Some(pg) = server("two_gateways_on_postgres", "PostgreSQL", "127.0.0.1:5432") else {
         return;
     };
     let relay = Relay::start(pg).await;
@@ -228,7 +212,7 @@ async fn two_gateways_on_postgres() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_gateways_on_redis() {
-    let Some(redis) = server("Redis", "127.0.0.1:6379").await else {
+    let Some(redis) = server("two_gateways_on_redis", "Redis", "127.0.0.1:6379") else {
         return;
     };
     let relay = Relay::start(redis).await;

@@ -117,6 +117,28 @@ pub fn services_required() -> bool {
     std::env::var("IDEM_REQUIRE_SERVICES").is_ok_and(|v| v == "1" || v == "true")
 }
 
+/// A test that cannot run here says why and returns: printed past libtest's capture, so the
+/// skip shows in a passing run. Under `IDEM_REQUIRE_SERVICES=1` it fails instead.
+pub fn skip(test: &str, why: &str) {
+    assert!(!services_required(), "{test}: required but {why}");
+    let _ = writeln!(
+        std::io::stderr(),
+        "skipped {test}: {why} (set IDEM_REQUIRE_SERVICES=1 to fail instead)"
+    );
+}
+
+/// Whether the server `name` answers at `addr` (`host:port`); when it does not, the test
+/// [`skip`]s.
+pub fn server_reachable(test: &str, name: &str, addr: &str) -> bool {
+    match std::net::TcpStream::connect(addr) {
+        Ok(_) => true,
+        Err(e) => {
+            skip(test, &format!("no {name} at {addr}: {e}"));
+            false
+        }
+    }
+}
+
 /// Runs one case against a fresh store from `harness`. Used by [`conformance_suite!`].
 pub fn run<H, F, Fut>(harness: &H, case_name: &str, case: F)
 where
@@ -138,11 +160,7 @@ where
     let store = match opened {
         Ok(s) => s,
         Err(Unavailable(why)) if !services_required() => {
-            // Past libtest's capture, so the skip shows in a passing run.
-            let _ = writeln!(
-                std::io::stderr(),
-                "skipped {case_name}: {why} (set IDEM_REQUIRE_SERVICES=1 to fail instead)"
-            );
+            skip(case_name, &why);
             return;
         }
         Err(Unavailable(why)) => panic!("{case_name}: backend unavailable: {why}"),

@@ -3,7 +3,6 @@
 //! stores racing over abandoned, expired and absent keys. Real server; each test in a schema
 //! of its own. Skips without PostgreSQL unless IDEM_REQUIRE_SERVICES=1.
 
-use std::io::Write as _;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -19,15 +18,9 @@ fn ok<T, E: std::fmt::Debug>(r: Result<T, E>) -> T {
     r.unwrap_or_else(|e| panic!("{e:?}"))
 }
 
-/// Options for a fresh schema, or `None` (after saying why) when the test should skip.
-fn options() -> Option<PgOptions> {
-    if let Err(e) = std::net::TcpStream::connect(PG) {
-        let required = std::env::var("IDEM_REQUIRE_SERVICES").is_ok_and(|v| v == "1");
-        assert!(!required, "PostgreSQL at {PG} is required: {e}");
-        let _ = writeln!(
-            std::io::stderr(),
-            "skipped: no PostgreSQL at {PG}: {e} (set IDEM_REQUIRE_SERVICES=1 to fail instead)"
-        );
+/// Options for a fresh schema, or `None` when the test skips.
+fn options(test: &str) -> Option<PgOptions> {
+    if !idem_conformance::server_reachable(test, "PostgreSQL", PG) {
         return None;
     }
     let mut opts = ok(PgOptions::from_url(&format!(
@@ -57,7 +50,10 @@ fn req(key: &str) -> ClaimRequest {
 /// record behind.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_held_key_neither_stalls_others_nor_leaves_phantom_claims() {
-    let Some(mut opts) = options() else { return };
+    let Some(mut opts) = options("a_held_key_neither_stalls_others_nor_leaves_phantom_claims")
+    else {
+        return;
+    };
     opts.op_timeout = Duration::from_secs(2);
     let store = ok(PgStore::connect(opts).await);
     let mut holder = ok(store.pool().get().await);
@@ -98,7 +94,9 @@ async fn a_held_key_neither_stalls_others_nor_leaves_phantom_claims() {
 /// A row idem cannot read fails its own key only; a fresh key in the same batch acquires.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_unreadable_row_fails_only_its_own_key() {
-    let Some(mut opts) = options() else { return };
+    let Some(mut opts) = options("an_unreadable_row_fails_only_its_own_key") else {
+        return;
+    };
     opts.batches_in_flight = 1;
     let store = ok(PgStore::connect(opts).await);
     let client = ok(store.pool().get().await);
@@ -142,7 +140,9 @@ async fn an_unreadable_row_fails_only_its_own_key() {
 /// expired, and absent keys at one instant: each key is acquired exactly once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn many_stores_acquire_each_key_once() {
-    let Some(opts) = options() else { return };
+    let Some(opts) = options("many_stores_acquire_each_key_once") else {
+        return;
+    };
     let clock = ManualClock::new(Timestamp::from_millis(1_000_000));
     let mut stores = Vec::new();
     for _ in 0..4 {

@@ -3,7 +3,6 @@
 //! charge nor the record is visible afterwards; the retry executes once, and the next one
 //! replays. Needs PostgreSQL; skips without it unless IDEM_REQUIRE_SERVICES=1.
 
-use std::io::Write as _;
 use std::io::{BufRead, BufReader, Lines};
 use std::process::{Child, ChildStdout, Command, Stdio};
 
@@ -11,10 +10,6 @@ use idem_core::{Key, Scope, Store};
 use idem_store_postgres::PgStore;
 
 const PG: &str = "127.0.0.1:5432";
-
-fn services_required() -> bool {
-    std::env::var("IDEM_REQUIRE_SERVICES").is_ok_and(|v| v == "1" || v == "true")
-}
 
 struct Server {
     child: Child,
@@ -86,13 +81,11 @@ const BODY: &str = r#"{"customer_id":"cus_1","amount_cents":4900}"#;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_crash_between_effect_and_commit_leaves_neither() {
-    if let Err(e) = std::net::TcpStream::connect(PG) {
-        assert!(!services_required(), "PostgreSQL at {PG} is required: {e}");
-        // Past libtest's capture, so the skip shows in a passing run.
-        let _ = writeln!(
-            std::io::stderr(),
-            "skipped: no PostgreSQL at {PG}: {e} (set IDEM_REQUIRE_SERVICES=1 to fail instead)"
-        );
+    if !idem_conformance::server_reachable(
+        "a_crash_between_effect_and_commit_leaves_neither",
+        "PostgreSQL",
+        PG,
+    ) {
         return;
     }
     let schema = format!("charges_{:016x}", rand::random::<u64>());
