@@ -3,7 +3,6 @@
 
 mod support;
 
-use std::collections::HashMap;
 use std::path::Path;
 use std::process::Command;
 use std::sync::atomic::Ordering;
@@ -158,35 +157,7 @@ async fn every_row_of_the_table_through_the_real_gateway() {
 async fn a_hundred_concurrent_requests_with_one_key_execute_once() {
     let (up_addr, up) = start_upstream().await;
     let g = start_gateway(&format!("http://{up_addr}"), "");
-    let tasks: Vec<_> = (0..100)
-        .map(|_| {
-            let addr = g.addr;
-            tokio::spawn(async move {
-                send(
-                    addr,
-                    "POST",
-                    "/v1/charges",
-                    &[("idempotency-key", "storm"), ("x-sleep-ms", "100")],
-                    BODY,
-                )
-                .await
-            })
-        })
-        .collect();
-    let mut bodies = std::collections::HashSet::new();
-    let mut by_status: HashMap<u16, u32> = HashMap::new();
-    for t in tasks {
-        let r = t.await.unwrap_or_else(|e| panic!("{e}"));
-        *by_status.entry(r.status).or_default() += 1;
-        if r.status == 201 {
-            bodies.insert(r.body);
-        } else {
-            assert_eq!(
-                (r.status, r.problem_type().as_str()),
-                (409, "urn:idem:problem:in-flight")
-            );
-        }
-    }
+    let Storm { bodies, by_status } = storm(&[g.addr], "storm", 100, "100").await;
     assert_eq!(
         up.0.load(Ordering::SeqCst),
         1,

@@ -8,7 +8,6 @@
 
 mod support;
 
-use std::collections::{HashMap, HashSet};
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -98,34 +97,7 @@ async fn two_gateways_one_store(store: &str) {
     let b = start_gateway_on(&upstream, "", store);
 
     // 200 concurrent requests with one key, split across both gateways.
-    let tasks: Vec<_> = (0..200)
-        .map(|i| {
-            let addr = if i % 2 == 0 { a.addr } else { b.addr };
-            tokio::spawn(async move {
-                send(
-                    addr,
-                    "POST",
-                    "/v1/charges",
-                    &[("idempotency-key", "storm"), ("x-sleep-ms", "300")],
-                    BODY,
-                )
-                .await
-            })
-        })
-        .collect();
-    let mut bodies = HashSet::new();
-    let mut by_status: HashMap<u16, u32> = HashMap::new();
-    for t in tasks {
-        let r = t.await.unwrap_or_else(|e| panic!("{e}"));
-        *by_status.entry(r.status).or_default() += 1;
-        match r.status {
-            201 => {
-                bodies.insert(r.body);
-            }
-            409 => assert_eq!(r.problem_type(), "urn:idem:problem:in-flight"),
-            other => panic!("unexpected {other}: {}", r.body),
-        }
-    }
+    let Storm { bodies, by_status } = storm(&[a.addr, b.addr], "storm", 200, "300").await;
     assert_eq!(
         up.0.load(Ordering::SeqCst),
         1,

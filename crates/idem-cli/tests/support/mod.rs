@@ -316,3 +316,53 @@ pub fn spawn_slow_charge(
         .await
     })
 }
+
+/// What a storm of one key came back as: the distinct 201 bodies, and how many of each status.
+pub struct Storm {
+    pub bodies: std::collections::HashSet<String>,
+    pub by_status: HashMap<u16, u32>,
+}
+
+/// `n` concurrent charges with one key, sent to `addrs` in turn while the upstream takes
+/// `sleep_ms` to answer. Every answer must be a 201 or a 409 `in-flight`.
+pub async fn storm(
+    addrs: &[SocketAddr],
+    key: &'static str,
+    n: usize,
+    sleep_ms: &'static str,
+) -> Storm {
+    let tasks: Vec<_> = (0..n)
+        .map(|i| {
+            let addr = addrs[i % addrs.len()];
+            tokio::spawn(async move {
+                send(
+                    addr,
+                    "POST",
+                    "/v1/charges",
+                    &[("idempotency-key", key), ("x-sleep-ms", sleep_ms)],
+                    BODY,
+                )
+                .await
+            })
+        })
+        .collect();
+    let mut out = Storm {
+        bodies: Default::default(),
+        by_status: HashMap::new(),
+    };
+    for t in tasks {
+        let r = t.await.unwrap_or_else(|e| panic!("{e}"));
+        *out.by_status.entry(r.status).or_default() += 1;
+        if r.status == 201 {
+            out.bodies.insert(r.body);
+        } else {
+            assert_eq!(
+                (r.status, r.problem_type().as_str()),
+                (409, "urn:idem:problem:in-flight"),
+                "{}",
+                r.body
+            );
+        }
+    }
+    out
+}
