@@ -1,7 +1,8 @@
 //! A record as a row, and back. A row idem cannot read is reported as corrupt, never guessed.
 
-use idem_core::store::columns::Columns;
-use idem_core::{FencingToken, Key, Record, Scope, StoreError, Timestamp};
+use idem_core::clock::duration_millis;
+use idem_core::store::columns::{Columns, completed_by_code};
+use idem_core::{FencingToken, Key, Record, Scope, StoreError, StoredResponse, Timestamp};
 use rusqlite::{Connection, OptionalExtension, Row, params};
 
 const COLUMNS: &str = "scope, key, fingerprint, token, created_at, acquired_at, lease_expires_at, \
@@ -46,22 +47,23 @@ pub(crate) fn upsert(conn: &Connection, r: &Record) -> rusqlite::Result<()> {
         "INSERT OR REPLACE INTO idem_records ({COLUMNS}, status) \
          VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15)"
     ))?;
-    let c = Columns::of(r);
+    // Borrowed from the record, not copied into `Columns`: this runs for every claim and
+    // completion on the writer thread.
     stmt.execute(params![
-        c.scope,
-        c.key,
-        c.fingerprint,
-        c.token,
-        c.created_at,
-        c.acquired_at,
-        c.lease_expires_at,
-        c.completed_at,
-        c.completed_by,
-        c.expires_at,
-        c.retention_ms,
-        c.attempts,
-        c.replays,
-        c.response,
+        r.scope.as_str(),
+        r.key.as_str(),
+        r.fingerprint.as_bytes().as_slice(),
+        r.token.as_i64(),
+        r.created_at.as_millis(),
+        r.acquired_at.as_millis(),
+        r.lease_expires_at.as_millis(),
+        r.completed_at.map(Timestamp::as_millis),
+        r.completed_by.map(completed_by_code),
+        r.expires_at.as_millis(),
+        duration_millis(r.retention),
+        i64::from(r.attempts),
+        i64::from(r.replays),
+        r.response.as_ref().map(StoredResponse::encode),
         r.response.as_ref().map(|x| i64::from(x.status)),
     ])?;
     Ok(())
