@@ -117,7 +117,7 @@ impl TargetArgs {
                 }
                 headers.append(name, value);
             }
-            idem_http::scope_of(&headers, &names)
+            idem_core::Scope::from_headers(&headers, &names)
         };
         Ok(Target {
             store: self.store,

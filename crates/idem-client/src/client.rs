@@ -8,7 +8,7 @@ use idem_core::Key;
 use serde_json::Value;
 use tracing::Instrument;
 
-use crate::policy::{RetryPolicy, ToolKind, ToolPolicy};
+use crate::policy::{RetryPolicy, ToolClass, ToolPolicy};
 use crate::transport::{Request, Response, Transport, TransportError};
 
 /// One intent: a decision to call one tool with these arguments.
@@ -178,7 +178,7 @@ impl<T: Transport> ToolClient<T> {
             map.insert("idempotency_key".into(), Value::from(k.as_str()));
         }
         // Effects without a key may not be repeated once they may have run; the rest may.
-        let repeatable = key.is_some() || !matches!(intent.policy.kind, ToolKind::Effect);
+        let repeatable = key.is_some() || !matches!(intent.policy.class, ToolClass::Effect);
         let start = Instant::now();
         let mut number = 0u32;
         loop {

@@ -27,5 +27,5 @@ pub mod policy;
 pub mod transport;
 
 pub use client::{Attempt, AttemptOutcome, CallError, Intent, ToolClient};
-pub use policy::{Category, RetryPolicy, ToolKind, ToolPolicies, ToolPolicy};
+pub use policy::{Category, RetryPolicy, ToolClass, ToolPolicies, ToolPolicy};
 pub use transport::{HttpTransport, Request, Response, Transport, TransportError};

@@ -1,17 +1,9 @@
-//! Which tools need keys, and how hard to retry (DESIGN §7).
+//! Which tools need keys, and how hard to retry (DESIGN §7). The tool classes are idem-core's
+//! [`ToolClass`], the vocabulary the MCP proxy and the gateway share.
 
 use std::time::Duration;
 
-/// What calling a tool twice does.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ToolKind {
-    /// No side effect: no key, retried freely.
-    Read,
-    /// Naturally safe to repeat (a PUT of a whole resource): no key, retried freely.
-    Idempotent,
-    /// A side effect: a key is derived at the point of intent and sent on every attempt.
-    Effect,
-}
+pub use idem_core::ToolClass;
 
 /// Why an effect matters, for reporting.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -28,7 +20,7 @@ pub enum Category {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ToolPolicy {
     /// What a repeat does.
-    pub kind: ToolKind,
+    pub class: ToolClass,
     /// For effects: why it matters.
     pub category: Option<Category>,
 }
@@ -37,7 +29,7 @@ impl ToolPolicy {
     /// A read.
     pub const fn read() -> Self {
         ToolPolicy {
-            kind: ToolKind::Read,
+            class: ToolClass::Read,
             category: None,
         }
     }
@@ -45,7 +37,7 @@ impl ToolPolicy {
     /// An effect of a category.
     pub const fn effect(category: Category) -> Self {
         ToolPolicy {
-            kind: ToolKind::Effect,
+            class: ToolClass::Effect,
             category: Some(category),
         }
     }
@@ -57,20 +49,15 @@ impl ToolPolicy {
         read_only_hint: Option<bool>,
         idempotent_hint: Option<bool>,
     ) -> Self {
-        let kind = match (read_only_hint, idempotent_hint) {
-            (Some(true), _) => ToolKind::Read,
-            (_, Some(true)) => ToolKind::Idempotent,
-            _ => ToolKind::Effect,
-        };
         ToolPolicy {
-            kind,
+            class: ToolClass::from_annotations(read_only_hint, idempotent_hint),
             category: None,
         }
     }
 
     /// Whether a key is derived and sent.
     pub const fn needs_key(&self) -> bool {
-        matches!(self.kind, ToolKind::Effect)
+        self.class.needs_key()
     }
 }
 
@@ -91,7 +78,7 @@ impl ToolPolicies {
     /// A tool's policy; an unknown tool is an effect.
     pub fn get(&self, tool: &str) -> ToolPolicy {
         self.by_name.get(tool).copied().unwrap_or(ToolPolicy {
-            kind: ToolKind::Effect,
+            class: ToolClass::Effect,
             category: None,
         })
     }
@@ -146,24 +133,24 @@ mod tests {
     #[test]
     fn annotations_map_as_design_says() {
         assert_eq!(
-            ToolPolicy::from_annotations(Some(true), None).kind,
-            ToolKind::Read
+            ToolPolicy::from_annotations(Some(true), None).class,
+            ToolClass::Read
         );
         assert_eq!(
-            ToolPolicy::from_annotations(Some(true), Some(true)).kind,
-            ToolKind::Read
+            ToolPolicy::from_annotations(Some(true), Some(true)).class,
+            ToolClass::Read
         );
         assert_eq!(
-            ToolPolicy::from_annotations(Some(false), Some(true)).kind,
-            ToolKind::Idempotent
+            ToolPolicy::from_annotations(Some(false), Some(true)).class,
+            ToolClass::Idempotent
         );
         assert_eq!(
-            ToolPolicy::from_annotations(None, None).kind,
-            ToolKind::Effect
+            ToolPolicy::from_annotations(None, None).class,
+            ToolClass::Effect
         );
         assert_eq!(
-            ToolPolicy::from_annotations(Some(false), Some(false)).kind,
-            ToolKind::Effect
+            ToolPolicy::from_annotations(Some(false), Some(false)).class,
+            ToolClass::Effect
         );
     }
 
@@ -171,8 +158,8 @@ mod tests {
     fn unknown_tools_are_effects() {
         let mut p = ToolPolicies::default();
         p.set("get_balance", ToolPolicy::read());
-        assert_eq!(p.get("get_balance").kind, ToolKind::Read);
-        assert_eq!(p.get("launch_rocket").kind, ToolKind::Effect);
+        assert_eq!(p.get("get_balance").class, ToolClass::Read);
+        assert_eq!(p.get("launch_rocket").class, ToolClass::Effect);
     }
 
     #[test]

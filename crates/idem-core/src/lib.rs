@@ -5,27 +5,40 @@
 //! - [`fingerprint`]: what makes a repeated key the same request.
 //! - [`record`]: what a store keeps for one key; [`report`]: its story as JSON.
 //! - [`machine`]: the record's state machine (DESIGN §2, §3), as pure functions.
-//! - [`store`]: the `Store` contract every backend implements, and the in-memory backend.
-//! - [`engine`]: run a side effect at most once per key, over any store.
+//! - [`store`]: the `Store` contract every backend implements, the in-memory backend, and
+//!   the metered wrapper the engine puts around every store.
+//! - [`policy`]: tool classes and per-route or per-tool policy, validated once for every
+//!   configuration file.
+//! - [`engine`]: the one claim loop: run a side effect at most once per key, over any store,
+//!   with in-process waiting for duplicates.
+//! - [`problem`]: the names of refusals, shared by every protocol.
+//! - [`outcome`]: what became of each request, counted the same way everywhere.
 //! - [`clock`]: time, injected so tests can move it.
 //!
-//! This crate depends on no web framework and no database driver; the HTTP layer, the
-//! gateway and each heavy store live in their own crates.
+//! This crate depends on no web framework and no database driver (only the `http` types, for
+//! scopes named by request headers); the HTTP layer, the gateway, the MCP proxy and each heavy
+//! store live in their own crates.
 
 pub mod clock;
 pub mod engine;
 pub mod fingerprint;
 pub mod key;
 pub mod machine;
+pub mod outcome;
+pub mod policy;
+pub mod problem;
 pub mod record;
 pub mod report;
 pub mod scope;
 pub mod store;
 
 pub use clock::{Clock, ManualClock, SystemClock, Timestamp};
-pub use engine::{Answer, Effect, Engine, Kept, Policy};
+pub use engine::{Answer, Effect, Engine, Kept};
 pub use fingerprint::Fingerprint;
 pub use key::{Key, KeyError};
+pub use outcome::Outcome;
+pub use policy::{Policy, PolicyError, ToolClass};
+pub use problem::ProblemType;
 pub use record::{CompletedBy, FencingToken, Record, RecordState, StoredBody, StoredResponse};
 pub use scope::{Scope, ScopeError};
 pub use store::memory::MemoryStore;

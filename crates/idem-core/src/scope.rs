@@ -82,6 +82,27 @@ impl Scope {
         Scope(format!("p:{}", hex::encode(hasher.finalize())))
     }
 
+    /// The scope of a request named by its headers: the hash of the values of `names` (each
+    /// value with its header's name, in the order of `names`), or the anonymous scope when
+    /// none is present. The HTTP layer, the gateway, the MCP proxy over HTTP and `idem inspect
+    /// --principal` all compute it here, so an operator finds a caller's records.
+    pub fn from_headers(headers: &http::HeaderMap, names: &[http::HeaderName]) -> Self {
+        let parts: Vec<&[u8]> = names
+            .iter()
+            .flat_map(|name| {
+                headers
+                    .get_all(name)
+                    .iter()
+                    .flat_map(move |v| [name.as_str().as_bytes(), v.as_bytes()])
+            })
+            .collect();
+        if parts.is_empty() {
+            Scope::anonymous()
+        } else {
+            Scope::from_principal(parts)
+        }
+    }
+
     /// The label.
     pub fn as_str(&self) -> &str {
         &self.0

@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
-use idem_client::{HttpTransport, Intent, RetryPolicy, ToolClient, ToolKind, ToolPolicy};
+use idem_client::{HttpTransport, Intent, RetryPolicy, ToolClass, ToolClient, ToolPolicy};
 use idem_core::Store;
 use idem_gateway::{Bound, FileConfig, Overrides, Settings};
 use serde::Serialize;
@@ -175,7 +175,7 @@ async fn run_intents(
         ToolPolicy::effect(idem_client::Category::Money)
     } else {
         ToolPolicy {
-            kind: ToolKind::Idempotent,
+            class: ToolClass::Idempotent,
             category: None,
         }
     };

@@ -29,7 +29,7 @@
 //! require_key = true
 //! retention = "24h"
 //! wait = "5s"
-//! on_abandoned = "reject"           # or "retry"
+//! on_unknown = "reject"             # or "retry" (also spelt on_abandoned)
 //! release_statuses = [429, 503]
 //! ```
 
@@ -133,8 +133,10 @@ pub struct RouteFile {
     /// How long a duplicate waits for an in-flight first request.
     #[serde(default, with = "humantime_serde")]
     pub wait: Option<Duration>,
-    /// `reject` or `retry`.
-    pub on_abandoned: Option<String>,
+    /// What a retry of an unknown outcome gets: `reject` or `retry` (also spelt
+    /// `on_abandoned`, the name this setting had first).
+    #[serde(alias = "on_abandoned")]
+    pub on_unknown: Option<AbandonedPolicy>,
     /// Statuses that release the key.
     pub release_statuses: Option<Vec<u16>>,
     /// Request body bound for this route.
@@ -202,36 +204,26 @@ impl FileConfig {
 }
 
 fn route_policy(r: &RouteFile, base: &RoutePolicy, where_: &str) -> Result<RoutePolicy> {
-    let on_abandoned = match r.on_abandoned.as_deref() {
-        None => base.engine.on_abandoned,
-        Some("reject") => AbandonedPolicy::Reject,
-        Some("retry") => AbandonedPolicy::Retry,
-        Some(other) => {
-            bail!("{where_}: on_abandoned must be \"reject\" or \"retry\", not {other:?}")
-        }
-    };
-    if let Some(bad) = r
-        .release_statuses
-        .iter()
-        .flatten()
-        .find(|s| !(100..=599).contains(*s))
-    {
-        bail!("{where_}: release_statuses has {bad}, which is not an HTTP status");
-    }
-    Ok(RoutePolicy {
+    let policy = RoutePolicy {
         require_key: r.require_key.unwrap_or(base.require_key),
         engine: Policy {
             retention: r.retention.unwrap_or(base.engine.retention),
-            on_abandoned,
+            on_abandoned: r.on_unknown.unwrap_or(base.engine.on_abandoned),
+            wait: r.wait.or(base.engine.wait),
             release_statuses: r
                 .release_statuses
                 .clone()
                 .unwrap_or_else(|| base.engine.release_statuses.clone()),
             ..base.engine.clone()
         },
-        wait: r.wait.or(base.wait),
         max_body: r.max_body_bytes.unwrap_or(base.max_body),
-    })
+    };
+    // The same refusals, in the same words, as the MCP proxy's policy file.
+    policy
+        .engine
+        .validate()
+        .with_context(|| where_.to_owned())?;
+    Ok(policy)
 }
 
 impl Settings {
@@ -257,13 +249,8 @@ impl Settings {
             _ => bail!("upstream {upstream_text:?} must look like http://host:port"),
         }
         let upstream_timeout = file.timeouts.upstream.unwrap_or(Duration::from_secs(30));
-        if upstream_timeout.is_zero() {
-            bail!("timeouts.upstream must be more than 0s");
-        }
+        Policy::validate_upstream_timeout(upstream_timeout).context("timeouts.upstream")?;
         let lease = file.timeouts.lease.unwrap_or(Duration::from_secs(30));
-        if lease < Duration::from_millis(100) {
-            bail!("timeouts.lease must be at least 100ms");
-        }
         let base = RoutePolicy {
             require_key: false,
             engine: Policy {
@@ -272,7 +259,6 @@ impl Settings {
                 max_stored_body: file.limits.max_stored_body_bytes.unwrap_or(1024 * 1024),
                 ..Policy::default()
             },
-            wait: None,
             max_body: file.limits.max_body_bytes.unwrap_or(DEFAULT_MAX_BODY),
         };
         if file.defaults.path.is_some() || file.defaults.method.is_some() {
@@ -390,7 +376,7 @@ mod tests {
         assert_eq!(p.engine.lease, Duration::from_secs(10));
         assert_eq!(p.engine.on_abandoned, AbandonedPolicy::Retry);
         assert_eq!(p.engine.release_statuses, vec![429]);
-        assert_eq!(p.wait, Some(Duration::from_secs(5)));
+        assert_eq!(p.engine.wait, Some(Duration::from_secs(5)));
         assert!(
             !s.layer
                 .routes

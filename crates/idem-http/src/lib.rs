@@ -2,19 +2,19 @@
 //! `Idempotency-Key` execute at most once, over any idem [`Store`](idem_core::Store).
 //!
 //! For each request the layer follows DESIGN §3: safe methods pass through; the key is read
-//! and validated; the body is buffered (bounded) and fingerprinted; the key is claimed; the
-//! inner service runs only if the claim acquired, with the lease extended while it runs; its
-//! response is stored (or the key released, for 429/503) and returned. A repeat gets the stored
+//! and validated; the body is buffered (bounded) and fingerprinted; then
+//! [`idem_core::Engine::run`] claims the key and runs the inner service only if the claim
+//! acquired (waiting for an in-flight duplicate where the route says so), and its response is
+//! stored (or the key released, for 429/503) and returned. The layer only parses and maps
+//! answers to HTTP; the claim loop is the engine's. A repeat gets the stored
 //! response with `Idempotent-Replayed: true`. Refusals are RFC 9457 problem documents
 //! ([`Problem`]). Store failures answer 503 and never run the inner service.
 //!
-//! - [`layer`]: [`IdempotencyLayer`] and its [`Config`].
+//! - [`layer`]: [`IdempotencyLayer`]; [`config`]: its [`Config`].
 //! - [`service`]: [`Idempotency`], the service, and the [`Executed`] marker for proxies.
 //! - [`policy`]: per-route policy ([`Routes`], [`RoutePolicy`], [`PathPattern`]).
 //! - [`problem`]: the problem documents.
 //! - [`capture`]: what of a response is stored and replayed.
-//! - [`waiters`]: in-process waiting for in-flight keys.
-//! - [`metered`]: store latency metrics.
 //!
 //! # Cancel safety
 //! If the request future is dropped while the inner service runs (the client hung up) or the
@@ -28,16 +28,15 @@
 //! `idem_abandoned_records_total`, `idem_completions_lost_total`, `idem_purged_records_total`.
 
 pub mod capture;
+pub mod config;
 pub mod layer;
-pub mod metered;
 pub mod policy;
 pub mod problem;
 pub mod service;
-pub mod waiters;
 
 pub use capture::REPLAYED;
-pub use layer::{Config, IdempotencyLayer};
-pub use metered::MeteredStore;
+pub use config::Config;
+pub use layer::IdempotencyLayer;
 pub use policy::{PathPattern, PatternError, Route, RoutePolicy, Routes};
 pub use problem::{DEFAULT_PROBLEM_BASE, Problem};
-pub use service::{Body, BoxError, Executed, Idempotency, scope_of};
+pub use service::{Body, BoxError, Executed, Idempotency};

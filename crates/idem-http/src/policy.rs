@@ -5,7 +5,6 @@
 //! on an unsafe method, is honoured; none is required (issue 3, DESIGN §3).
 
 use std::fmt;
-use std::time::Duration;
 
 use http::Method;
 use idem_core::{AbandonedPolicy, Policy};
@@ -18,11 +17,10 @@ pub const DEFAULT_MAX_BODY: usize = 1024 * 1024;
 pub struct RoutePolicy {
     /// Whether a request without `Idempotency-Key` is refused (400 `key-missing`).
     pub require_key: bool,
-    /// Lease, retention, unknown-outcome policy, released statuses, stored-body bound.
+    /// Lease, retention, unknown-outcome policy, how long a duplicate of an in-flight request
+    /// waits for the first one's result before 409 (`wait`), released statuses, stored-body
+    /// bound.
     pub engine: Policy,
-    /// How long a duplicate of an in-flight request waits for the first one's result before
-    /// answering 409; `None` answers 409 at once.
-    pub wait: Option<Duration>,
     /// Bound on the request body, which is buffered to fingerprint it (413 over it).
     pub max_body: usize,
 }
@@ -32,7 +30,6 @@ impl Default for RoutePolicy {
         RoutePolicy {
             require_key: false,
             engine: Policy::default(),
-            wait: None,
             max_body: DEFAULT_MAX_BODY,
         }
     }

@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use http::{HeaderValue, Response, StatusCode, header};
+use idem_core::ProblemType;
 use serde_json::{Value, json};
 
 /// The default base of problem type URIs.
@@ -49,20 +50,25 @@ pub enum Problem {
 }
 
 impl Problem {
+    /// The kind of problem, named the same over every protocol.
+    pub const fn kind(&self) -> ProblemType {
+        match self {
+            Problem::KeyMissing => ProblemType::KeyMissing,
+            Problem::KeyInvalid(_) => ProblemType::KeyInvalid,
+            Problem::BodyTooLarge(_) => ProblemType::BodyTooLarge,
+            Problem::BodyUnreadable(_) => ProblemType::BodyUnreadable,
+            Problem::KeyReused => ProblemType::KeyReused,
+            Problem::InFlight(_) => ProblemType::InFlight,
+            Problem::OutcomeUnknown => ProblemType::OutcomeUnknown,
+            Problem::ResponseTooLarge { .. } => ProblemType::ResponseTooLarge,
+            Problem::StoreUnavailable => ProblemType::StoreUnavailable,
+            Problem::ResponseFailed => ProblemType::ResponseFailed,
+        }
+    }
+
     /// The name at the end of the type URI.
     pub const fn name(&self) -> &'static str {
-        match self {
-            Problem::KeyMissing => "key-missing",
-            Problem::KeyInvalid(_) => "key-invalid",
-            Problem::BodyTooLarge(_) => "body-too-large",
-            Problem::BodyUnreadable(_) => "body-unreadable",
-            Problem::KeyReused => "key-reused",
-            Problem::InFlight(_) => "in-flight",
-            Problem::OutcomeUnknown => "outcome-unknown",
-            Problem::ResponseTooLarge { .. } => "response-too-large",
-            Problem::StoreUnavailable => "store-unavailable",
-            Problem::ResponseFailed => "response-failed",
-        }
+        self.kind().name()
     }
 
     /// The HTTP status.

@@ -312,10 +312,8 @@ async fn not_processed_statuses_release_and_errors_are_kept() {
 #[tokio::test]
 async fn a_duplicate_in_flight_gets_409_or_waits_for_the_result() {
     for wait in [None, Some(Duration::from_secs(5))] {
-        let policy = RoutePolicy {
-            wait,
-            ..RoutePolicy::requiring_key()
-        };
+        let mut policy = RoutePolicy::requiring_key();
+        policy.engine.wait = wait;
         let (app, count) = app(MemoryStore::new(), policy);
         let slow = {
             let app = app.clone();
@@ -505,10 +503,8 @@ async fn a_hundred_concurrent_duplicates_execute_once_on_sqlite() {
 /// first got 503), executes itself: it still has its request.
 #[tokio::test]
 async fn a_waiting_duplicate_executes_when_the_first_attempt_released_the_key() {
-    let policy = RoutePolicy {
-        wait: Some(Duration::from_secs(5)),
-        ..RoutePolicy::requiring_key()
-    };
+    let mut policy = RoutePolicy::requiring_key();
+    policy.engine.wait = Some(Duration::from_secs(5));
     let (app, count) = app(MemoryStore::new(), policy);
     let first = {
         let app = app.clone();

@@ -1,5 +1,6 @@
-//! One `tools/call` of an effect tool, over an [`Engine`]: claim the key, forward the call,
-//! store its `CallToolResult`, replay it on a repeat (DESIGN §3 and §8, without HTTP).
+//! One `tools/call` of an effect tool, over the [`Engine`]: the engine claims the key (and
+//! waits for a duplicate in flight), this module forwards the call, says what it came to,
+//! and maps the engine's answer to a `CallToolResult` (DESIGN §3 and §8, without HTTP).
 //!
 //! Every refusal is a tool error result (`isError: true`) whose text tells the model what
 //! happened and what to do, with a machine-readable `_meta.idem.problem` naming the same
@@ -24,13 +25,11 @@
 //! stored, and a retry with the same key replays it instead of finding the key abandoned.
 
 use std::future::Future;
-use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use idem_core::{
-    Answer, Effect, Engine, Fingerprint, Kept, Key, Scope, Store, StoredBody, StoredResponse,
+    Answer, Effect, Engine, Fingerprint, Key, ProblemType, Scope, Store, StoredBody, StoredResponse,
 };
-use idem_http::waiters::{Running, Waiters};
 use rmcp::model::{CallToolResult, ContentBlock, ErrorCode, ErrorData, MetaObject};
 use serde_json::{Value, json};
 use tokio_util::task::TaskTracker;
@@ -41,9 +40,6 @@ use crate::policy::ToolPolicy;
 const RESULT: u16 = 200;
 /// The status a stored JSON-RPC error from the upstream is kept under.
 const RPC_ERROR: u16 = 500;
-
-/// How long a duplicate sleeps between looks at a key executing in another process.
-const POLL: Duration = Duration::from_millis(100);
 
 /// What forwarding a call upstream came to.
 #[derive(Debug)]
@@ -66,7 +62,6 @@ pub type Reply = Result<CallToolResult, ErrorData>;
 #[derive(Debug)]
 pub struct Guard<S> {
     engine: Engine<S>,
-    waiters: Arc<Waiters>,
     tasks: TaskTracker,
 }
 
@@ -77,16 +72,16 @@ where
     fn clone(&self) -> Self {
         Guard {
             engine: self.engine.clone(),
-            waiters: self.waiters.clone(),
             tasks: self.tasks.clone(),
         }
     }
 }
 
 /// The tool error result for a refusal: `text` for the model, `problem` for programs.
-pub fn refusal(problem: &str, text: impl Into<String>) -> CallToolResult {
+pub fn refusal(problem: ProblemType, text: impl Into<String>) -> CallToolResult {
     let mut meta = MetaObject::new();
-    meta.0.insert("idem".into(), json!({ "problem": problem }));
+    meta.0
+        .insert("idem".into(), json!({ "problem": problem.name() }));
     CallToolResult::error(vec![ContentBlock::text(text)]).with_meta(Some(meta))
 }
 
@@ -95,7 +90,6 @@ impl<S: Store + Clone> Guard<S> {
     pub fn new(store: S) -> Self {
         Guard {
             engine: Engine::new(store),
-            waiters: Arc::default(),
             tasks: TaskTracker::new(),
         }
     }
@@ -158,134 +152,61 @@ impl<S: Store + Clone> Guard<S> {
         F: FnOnce() -> Fut + Send + 'static,
         Fut: Future<Output = Forwarded> + Send + 'static,
     {
-        let deadline = Instant::now() + policy.wait;
-        let mut forward = Some(forward);
-        loop {
-            // Listen before claiming, so a finish between the claim and the wait is not missed.
-            let local = self.waiters.get(&scope, &key);
-            let notified = local.as_ref().map(|n| {
-                let mut n = Box::pin(n.notified());
-                n.as_mut().enable();
-                n
-            });
-            let running: Arc<Mutex<Option<Running>>> = Arc::default();
-            let unstored: Arc<Mutex<Option<Reply>>> = Arc::default();
-            let effect = {
-                let (waiters, scope, key) = (self.waiters.clone(), scope.clone(), key.clone());
-                let (running, unstored) = (running.clone(), unstored.clone());
-                let forward = forward.take();
-                move || async move {
-                    *lock(&running) = Some(waiters.executing(&scope, &key));
-                    let Some(forward) = forward else {
-                        // The engine runs the effect at most once per claim and this loop
-                        // claims again only after InFlight, which never ran it.
-                        tracing::error!("internal: an acquired key found no call to forward");
-                        return Effect::Unknown;
-                    };
-                    let (effect, reply) = settle(forward().await);
-                    *lock(&unstored) = reply;
-                    effect
-                }
-            };
-            let answer = self
-                .engine
-                .run(
-                    scope.clone(),
-                    key.clone(),
-                    fingerprint,
-                    &policy.engine,
-                    effect,
-                )
-                .await;
-            // Waiters wake once the result is stored, not before.
-            drop(lock(&running).take());
-            let unstored = lock(&unstored).take();
-            let answer = match answer {
-                Ok(a) => a,
-                Err(e) => {
-                    tracing::error!(error = %e, key = %key, scope = %scope, tool, "store unavailable; call not forwarded");
-                    return Ok(refusal(
-                        "store-unavailable",
-                        format!(
-                            "The idempotency store is unavailable, so {tool} was not run: without \
-                             the store a retry could run it twice. Try again later with the same \
-                             idempotency_key ({key})."
-                        ),
-                    ));
-                }
-            };
-            match answer {
-                Answer::Executed { response, kept } => {
-                    if let Kept::Lost(e) = &kept {
-                        tracing::error!(error = %e, key = %key, scope = %scope, tool, "executed, but the result was not stored; the key will read as abandoned");
-                    }
-                    return unstored.unwrap_or_else(|| decode(&response, &key, false));
-                }
-                Answer::NotSent => {
-                    return unstored.unwrap_or_else(|| {
-                        Err(ErrorData::internal_error("the call was not sent", None))
-                    });
-                }
-                Answer::Unknown => {
-                    tracing::warn!(key = %key, scope = %scope, tool, "outcome unknown: the record is abandoned until resolved (idem inspect / idem resolve)");
-                    return unstored.unwrap_or_else(|| Ok(unknown(&tool, &key, "")));
-                }
-                Answer::Replayed(record) => {
-                    return match record.response {
-                        Some(r) => decode(&r, &key, true),
-                        None => Ok(refusal(
-                            "store-unavailable",
-                            "The stored result of this key could not be read.",
-                        )),
-                    };
-                }
-                Answer::InFlight(_) => {
-                    let now = Instant::now();
-                    if now >= deadline {
-                        return Ok(refusal(
-                            "in-flight",
-                            format!(
-                                "A call of {tool} with idempotency_key {key} is still running \
-                                 (waited {}s for it); it was not run a second time. Call again \
-                                 later with the same idempotency_key to get its result.",
-                                policy.wait.as_secs()
-                            ),
-                        ));
-                    }
-                    let nap = POLL.min(deadline - now);
-                    match notified {
-                        Some(n) => {
-                            let _ = tokio::time::timeout(nap, n).await;
-                        }
-                        None => tokio::time::sleep(nap).await,
-                    }
-                }
-                Answer::Mismatch(_) => {
-                    return Ok(refusal(
-                        "key-reused",
-                        format!(
-                            "idempotency_key {key} was already used for a different call (another \
-                             tool or other arguments); {tool} was not run. If this is a new \
-                             intent, use a new idempotency_key; if it is a retry, send exactly \
-                             the original arguments."
-                        ),
-                    ));
-                }
-                Answer::Abandoned(_) => {
-                    return Ok(unknown(&tool, &key, " by an earlier attempt"));
-                }
-            }
+        let effect = move || async move { settle(forward().await) };
+        let answer = self
+            .engine
+            .run(scope, key.clone(), fingerprint, &policy.engine, effect)
+            .await;
+        let Ok(answer) = answer else {
+            return Ok(refusal(
+                ProblemType::StoreUnavailable,
+                format!(
+                    "The idempotency store is unavailable, so {tool} was not run: without \
+                     the store a retry could run it twice. Try again later with the same \
+                     idempotency_key ({key})."
+                ),
+            ));
+        };
+        match answer {
+            Answer::Executed {
+                response, value, ..
+            } => value.unwrap_or_else(|| decode(&response, &key, false)),
+            Answer::NotSent(value) => value
+                .unwrap_or_else(|| Err(ErrorData::internal_error("the call was not sent", None))),
+            Answer::Unknown(value) => value.unwrap_or_else(|| Ok(unknown(&tool, &key, ""))),
+            Answer::Replayed(record) => match record.response {
+                Some(r) => decode(&r, &key, true),
+                None => Ok(refusal(
+                    ProblemType::StoreUnavailable,
+                    "The stored result of this key could not be read.",
+                )),
+            },
+            Answer::InFlight(_) => Ok(refusal(
+                ProblemType::InFlight,
+                format!(
+                    "A call of {tool} with idempotency_key {key} is still running \
+                     (waited {}s for it); it was not run a second time. Call again \
+                     later with the same idempotency_key to get its result.",
+                    policy.engine.wait.unwrap_or_default().as_secs()
+                ),
+            )),
+            Answer::Mismatch(_) => Ok(refusal(
+                ProblemType::KeyReused,
+                format!(
+                    "idempotency_key {key} was already used for a different call (another \
+                     tool or other arguments); {tool} was not run. If this is a new \
+                     intent, use a new idempotency_key; if it is a retry, send exactly \
+                     the original arguments."
+                ),
+            )),
+            Answer::Abandoned(_) => Ok(unknown(&tool, &key, " by an earlier attempt")),
         }
     }
 }
 
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
-}
-
 fn unknown(tool: &str, key: &Key, by: &str) -> CallToolResult {
     refusal(
-        "outcome-unknown",
+        ProblemType::OutcomeUnknown,
         format!(
             "The outcome of {tool} with idempotency_key {key} is unknown: it was sent to the \
              server{by} but no result came back. It was not run again, because that could repeat \
@@ -315,7 +236,7 @@ fn settle(forwarded: Forwarded) -> (Effect, Option<Reply>) {
         Forwarded::NotSent(why) => (
             Effect::NotSent,
             Some(Ok(refusal(
-                "upstream-unavailable",
+                ProblemType::UpstreamUnavailable,
                 format!(
                     "The MCP server behind the proxy is unavailable ({why}); nothing was run. Try again later with the same idempotency_key."
                 ),
@@ -353,7 +274,7 @@ fn decode(response: &StoredResponse, key: &Key, replayed: bool) -> Reply {
         StoredBody::Full(b) => b,
         StoredBody::Omitted { len, .. } => {
             return Ok(refusal(
-                "response-too-large",
+                ProblemType::ResponseTooLarge,
                 format!(
                     "This idempotency_key ({key}) already ran, but its result was {len} bytes, \
                      over the size the proxy stores, so only its digest was kept; it was not \
@@ -365,7 +286,7 @@ fn decode(response: &StoredResponse, key: &Key, replayed: bool) -> Reply {
     let unreadable = |e: serde_json::Error| {
         tracing::error!(error = %e, key = %key, "a stored tool result is unreadable");
         Ok(refusal(
-            "store-unavailable",
+            ProblemType::StoreUnavailable,
             format!(
                 "The stored result of idempotency_key {key} could not be read; it was not run again."
             ),
@@ -393,6 +314,7 @@ fn decode(response: &StoredResponse, key: &Key, replayed: bool) -> Reply {
 
 #[cfg(test)]
 mod tests {
+    use std::sync::Arc;
     use std::sync::atomic::{AtomicU32, Ordering};
 
     use idem_core::MemoryStore;
@@ -524,10 +446,8 @@ mod tests {
         let dup = charge(&guard, "w", 1, &count, ok).await.expect("result");
         assert!(dup.meta.is_some_and(|m| m.0.contains_key("idem")));
         assert_eq!(count.load(Ordering::SeqCst), 1);
-        let short = ToolPolicy {
-            wait: Duration::ZERO,
-            ..ToolPolicy::default()
-        };
+        let mut short = ToolPolicy::default();
+        short.engine.wait = None;
         let (tx, rx) = tokio::sync::oneshot::channel::<()>();
         let blocker = {
             let guard = guard.clone();

@@ -28,5 +28,5 @@ pub mod schema;
 pub mod stdio;
 
 pub use call::{Forwarded, Guard};
-pub use policy::{Class, Policies, ToolPolicy};
+pub use policy::{Policies, ToolPolicy};
 pub use proxy::{Proxy, ScopeBy};

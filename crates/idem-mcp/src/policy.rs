@@ -26,48 +26,12 @@ use std::path::Path;
 use std::time::Duration;
 
 use anyhow::{Context, Result};
-use idem_core::{AbandonedPolicy, DEFAULT_RETENTION, Policy};
+use idem_core::{AbandonedPolicy, DEFAULT_RETENTION, Policy, ToolClass};
 use rmcp::model::Tool;
 use serde::Deserialize;
 
 /// The scope of stdio callers when nothing configures one.
 pub const DEFAULT_SCOPE: &str = "mcp";
-
-/// What kind of tool this is (DESIGN §7).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Class {
-    /// Changes nothing: passes through, no key.
-    Read,
-    /// Naturally safe to repeat: passes through, no key.
-    Idempotent,
-    /// A side effect: a key is required and a repeat replays the first result.
-    Effect,
-}
-
-impl Class {
-    /// From the tool's annotations: `readOnlyHint` makes it a read, `idempotentHint` an
-    /// idempotent tool, and anything else (including no annotations) an effect.
-    pub fn from_annotations(tool: &Tool) -> Self {
-        let hints = tool.annotations.as_ref();
-        if hints.and_then(|a| a.read_only_hint) == Some(true) {
-            Class::Read
-        } else if hints.and_then(|a| a.idempotent_hint) == Some(true) {
-            Class::Idempotent
-        } else {
-            Class::Effect
-        }
-    }
-
-    /// The lowercase name.
-    pub const fn as_str(self) -> &'static str {
-        match self {
-            Class::Read => "read",
-            Class::Idempotent => "idempotent",
-            Class::Effect => "effect",
-        }
-    }
-}
 
 /// The file, as written.
 #[derive(Debug, Default, Deserialize)]
@@ -89,8 +53,8 @@ pub struct PolicyFile {
 #[derive(Debug, Default, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ToolFile {
-    /// Overrides the annotations (ignored in `[defaults]`).
-    pub class: Option<Class>,
+    /// Overrides the annotations (refused in `[defaults]`).
+    pub class: Option<ToolClass>,
     /// How long a completed result is replayed.
     #[serde(default, with = "humantime_serde")]
     pub retention: Option<Duration>,
@@ -101,29 +65,18 @@ pub struct ToolFile {
     #[serde(default, with = "humantime_serde")]
     pub wait: Option<Duration>,
     /// What a retry of a call whose outcome is unknown does.
-    pub on_unknown: Option<OnUnknown>,
+    pub on_unknown: Option<AbandonedPolicy>,
     /// How long a forwarded call may take before its outcome counts as unknown.
     #[serde(default, with = "humantime_serde")]
     pub upstream_timeout: Option<Duration>,
 }
 
-/// `on_unknown` as written.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum OnUnknown {
-    /// Answer outcome-unknown until an operator resolves the key.
-    Reject,
-    /// Execute again (the upstream gets the same key in `idempotency_key` if it declares it).
-    Retry,
-}
-
 /// How the proxy treats one effect tool.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ToolPolicy {
-    /// Lease, retention, unknown-outcome policy, stored-size bound.
+    /// Lease, retention, unknown-outcome policy, how long a duplicate of an in-flight call
+    /// waits before it gets a conflict, stored-size bound.
     pub engine: Policy,
-    /// How long a duplicate of an in-flight call waits before it gets a conflict.
-    pub wait: Duration,
     /// How long a forwarded call may take before its outcome counts as unknown.
     pub upstream_timeout: Duration,
 }
@@ -134,11 +87,11 @@ impl Default for ToolPolicy {
             engine: Policy {
                 retention: DEFAULT_RETENTION,
                 on_abandoned: AbandonedPolicy::Reject,
+                wait: Some(Duration::from_secs(10)),
                 // Tool results have no HTTP status; nothing is "not processed" by status.
                 release_statuses: Vec::new(),
                 ..Policy::default()
             },
-            wait: Duration::from_secs(10),
             upstream_timeout: Duration::from_secs(300),
         }
     }
@@ -153,16 +106,13 @@ impl ToolPolicy {
             self.engine.lease = l;
         }
         if let Some(w) = f.wait {
-            self.wait = w;
+            self.engine.wait = Some(w);
         }
         if let Some(t) = f.upstream_timeout {
             self.upstream_timeout = t;
         }
         if let Some(o) = f.on_unknown {
-            self.engine.on_abandoned = match o {
-                OnUnknown::Reject => AbandonedPolicy::Reject,
-                OnUnknown::Retry => AbandonedPolicy::Retry,
-            };
+            self.engine.on_abandoned = o;
         }
     }
 }
@@ -171,7 +121,7 @@ impl ToolPolicy {
 #[derive(Debug, Clone, Default)]
 pub struct Policies {
     defaults: ToolPolicy,
-    tools: BTreeMap<String, (Option<Class>, ToolPolicy)>,
+    tools: BTreeMap<String, (Option<ToolClass>, ToolPolicy)>,
     /// The scope label from the file, if it set one.
     pub scope: Option<String>,
     /// The HTTP scope headers from the file, if it set them.
@@ -201,21 +151,19 @@ impl Policies {
                  set class per tool under [tools.NAME]"
             );
         }
-        check(&file.defaults).context("in [defaults]")?;
-        for (name, f) in &file.tools {
-            check(f).with_context(|| format!("in [tools.{name}]"))?;
-        }
         let mut defaults = ToolPolicy::default();
         defaults.apply(&file.defaults);
+        defaults.validate().context("in [defaults]")?;
         let tools = file
             .tools
             .into_iter()
             .map(|(name, f)| {
                 let mut p = defaults.clone();
                 p.apply(&f);
-                (name, (f.class, p))
+                p.validate().with_context(|| format!("in [tools.{name}]"))?;
+                Ok((name, (f.class, p)))
             })
-            .collect();
+            .collect::<Result<_>>()?;
         Ok(Policies {
             defaults,
             tools,
@@ -225,13 +173,18 @@ impl Policies {
     }
 
     /// The class of `tool`: the file's word if it has one, else the annotations'.
-    pub fn classify(&self, tool: &Tool) -> Class {
-        self.class_override(&tool.name)
-            .unwrap_or_else(|| Class::from_annotations(tool))
+    pub fn classify(&self, tool: &Tool) -> ToolClass {
+        self.class_override(&tool.name).unwrap_or_else(|| {
+            let hints = tool.annotations.as_ref();
+            ToolClass::from_annotations(
+                hints.and_then(|a| a.read_only_hint),
+                hints.and_then(|a| a.idempotent_hint),
+            )
+        })
     }
 
     /// The class the file gives the tool `name`, if any.
-    pub fn class_override(&self, name: &str) -> Option<Class> {
+    pub fn class_override(&self, name: &str) -> Option<ToolClass> {
         self.tools.get(name).and_then(|(c, _)| *c)
     }
 
@@ -241,27 +194,14 @@ impl Policies {
     }
 }
 
-/// The shortest lease: a claim must outlive a heartbeat's round trip to the store, or a
-/// duplicate takes the key over while the first call still runs.
-const MIN_LEASE: Duration = Duration::from_secs(1);
-
-fn check(f: &ToolFile) -> Result<()> {
-    if let Some(l) = f.lease
-        && l < MIN_LEASE
-    {
-        anyhow::bail!(
-            "lease {} is under {}: a duplicate would take the key over while the first call still runs",
-            humantime::format_duration(l),
-            humantime::format_duration(MIN_LEASE)
-        );
+impl ToolPolicy {
+    /// Refuses settings that would let one key run twice or never replay, in the words the
+    /// gateway uses for the same values ([`Policy::validate`]).
+    fn validate(&self) -> Result<()> {
+        self.engine.validate()?;
+        Policy::validate_upstream_timeout(self.upstream_timeout)?;
+        Ok(())
     }
-    if f.retention.is_some_and(|r| r.is_zero()) {
-        anyhow::bail!("retention 0s keeps no result: a retry would run the tool again");
-    }
-    if f.upstream_timeout.is_some_and(|t| t.is_zero()) {
-        anyhow::bail!("upstream_timeout 0s makes every call's outcome unknown");
-    }
-    Ok(())
 }
 
 #[cfg(test)]
@@ -288,13 +228,13 @@ mod tests {
         // readOnlyHint wins over idempotentHint; destructive=false alone is still an effect.
         let both = ToolAnnotations::new().read_only(true).idempotent(true);
         let additive = ToolAnnotations::new().destructive(false);
-        assert_eq!(p.classify(&tool("a", Some(read))), Class::Read);
-        assert_eq!(p.classify(&tool("b", Some(idem))), Class::Idempotent);
-        assert_eq!(p.classify(&tool("c", Some(both))), Class::Read);
-        assert_eq!(p.classify(&tool("d", Some(additive))), Class::Effect);
-        assert_eq!(p.classify(&tool("e", None)), Class::Effect);
+        assert_eq!(p.classify(&tool("a", Some(read))), ToolClass::Read);
+        assert_eq!(p.classify(&tool("b", Some(idem))), ToolClass::Idempotent);
+        assert_eq!(p.classify(&tool("c", Some(both))), ToolClass::Read);
+        assert_eq!(p.classify(&tool("d", Some(additive))), ToolClass::Effect);
+        assert_eq!(p.classify(&tool("e", None)), ToolClass::Effect);
         let not_read = ToolAnnotations::new().read_only(false).idempotent(false);
-        assert_eq!(p.classify(&tool("f", Some(not_read))), Class::Effect);
+        assert_eq!(p.classify(&tool("f", Some(not_read))), ToolClass::Effect);
     }
 
     #[test]
@@ -316,13 +256,13 @@ mod tests {
         let read = ToolAnnotations::new().read_only(true);
         assert_eq!(
             p.classify(&tool("get_balance", Some(read.clone()))),
-            Class::Effect
+            ToolClass::Effect
         );
-        assert_eq!(p.classify(&tool("other", Some(read))), Class::Read);
+        assert_eq!(p.classify(&tool("other", Some(read))), ToolClass::Read);
         let charge = p.for_tool("charge_card");
         assert_eq!(charge.engine.retention, Duration::from_secs(7 * 86400));
         assert_eq!(charge.engine.on_abandoned, AbandonedPolicy::Retry);
-        assert_eq!(charge.wait, Duration::from_secs(2));
+        assert_eq!(charge.engine.wait, Some(Duration::from_secs(2)));
         let other = p.for_tool("send_email");
         assert_eq!(other.engine.retention, Duration::from_secs(3600));
         assert_eq!(other.engine.on_abandoned, AbandonedPolicy::Reject);

@@ -16,7 +16,7 @@ use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant};
 
 use http::HeaderName;
-use idem_core::{Fingerprint, Key, Scope, Store};
+use idem_core::{Fingerprint, Key, Outcome, ProblemType, Scope, Store, ToolClass};
 use rmcp::model::{
     CallToolRequest, CallToolRequestParams, CallToolResponse, ClientRequest, CompleteRequestParams,
     CompleteResult, ErrorData, GetPromptRequestParams, GetPromptResponse, Implementation,
@@ -28,7 +28,7 @@ use rmcp::service::{PeerRequestOptions, RequestContext, ServiceError};
 use rmcp::{Peer, RoleClient, RoleServer, ServerHandler};
 
 use crate::call::{Forwarded, Guard, refusal};
-use crate::policy::{Class, Policies};
+use crate::policy::Policies;
 use crate::schema::{KEY_ARG, KeyArg, declares_key, take_key, with_key};
 
 /// Whose keys a call's are (DESIGN §8).
@@ -45,7 +45,7 @@ pub enum ScopeBy {
 /// What the proxy knows of one upstream tool.
 #[derive(Debug, Clone, Copy)]
 struct Known {
-    class: Class,
+    class: ToolClass,
     declares_key: bool,
 }
 
@@ -111,7 +111,7 @@ impl<S: Store + Clone> Proxy<S> {
         match &self.scope {
             ScopeBy::Fixed(s) => s.clone(),
             ScopeBy::Headers(names) => match context.extensions.get::<http::request::Parts>() {
-                Some(parts) => idem_http::scope_of(&parts.headers, names),
+                Some(parts) => Scope::from_headers(&parts.headers, names),
                 None => Scope::anonymous(),
             },
         }
@@ -130,8 +130,8 @@ impl<S: Store + Clone> Proxy<S> {
                 };
                 known.insert(tool.name.to_string(), k);
                 match k.class {
-                    Class::Effect => with_key(tool),
-                    Class::Read | Class::Idempotent => tool,
+                    ToolClass::Effect => with_key(tool),
+                    ToolClass::Read | ToolClass::Idempotent => tool,
                 }
             })
             .collect()
@@ -147,7 +147,7 @@ impl<S: Store + Clone> Proxy<S> {
                 .read()
                 .unwrap_or_else(|p| p.into_inner())
                 .is_some_and(|at| at.elapsed() < TRUST_LISTING);
-            if k.class == Class::Effect || recent {
+            if k.class == ToolClass::Effect || recent {
                 return k;
             }
         }
@@ -165,7 +165,10 @@ impl<S: Store + Clone> Proxy<S> {
         }
         // A tool the upstream does not list is an effect (DESIGN §7): fail closed.
         self.lookup(name).unwrap_or(Known {
-            class: self.policies.class_override(name).unwrap_or(Class::Effect),
+            class: self
+                .policies
+                .class_override(name)
+                .unwrap_or(ToolClass::Effect),
             declares_key: false,
         })
     }
@@ -192,8 +195,9 @@ impl<S: Store + Clone> Proxy<S> {
             },
             KeyArg::Invalid(why) => return Ok(invalid_key(&tool, &why)),
             KeyArg::Missing => {
+                Outcome::Missing.count();
                 return Ok(refusal(
-                    "key-missing",
+                    ProblemType::KeyMissing,
                     format!(
                         "{tool} has side effects, so it needs an {KEY_ARG} argument naming this \
                          intent; it was not run. Call it again with {KEY_ARG} set (for example \
@@ -248,8 +252,9 @@ impl<S: Store + Clone> Proxy<S> {
 }
 
 fn invalid_key(tool: &str, why: &str) -> CallToolResponse {
+    Outcome::Invalid.count();
     refusal(
-        "key-invalid",
+        ProblemType::KeyInvalid,
         format!(
             "The {KEY_ARG} is not usable: {why}. {tool} was not run. Use 1 to 255 visible ASCII \
              characters (no spaces), the same on every retry of this intent."
@@ -355,8 +360,8 @@ impl<S: Store + Clone> ServerHandler for Proxy<S> {
     ) -> Result<CallToolResponse, ErrorData> {
         let known = self.known(&request.name).await;
         match known.class {
-            Class::Effect => self.call_effect(request, context, known).await,
-            Class::Read | Class::Idempotent => {
+            ToolClass::Effect => self.call_effect(request, context, known).await,
+            ToolClass::Read | ToolClass::Idempotent => {
                 let meta = merged_meta(request.meta.take(), &context.meta);
                 let options = PeerRequestOptions::no_options().with_meta(forwardable(&meta));
                 let handle = self

@@ -95,7 +95,7 @@ async fn create_charge(State(app): State<App>, headers: HeaderMap, body: Bytes) 
         .get(header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok());
     let req = ClaimRequest {
-        scope: idem_http::scope_of(&headers, &[header::AUTHORIZATION]),
+        scope: idem_core::Scope::from_headers(&headers, &[header::AUTHORIZATION]),
         key,
         fingerprint: Fingerprint::http("POST", "/v1/charges", content_type, &body),
         lease: Duration::from_secs(30),

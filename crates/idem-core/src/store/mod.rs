@@ -16,11 +16,13 @@
 pub mod columns;
 mod error;
 pub mod memory;
+mod metered;
 
 use std::future::Future;
 use std::time::Duration;
 
 pub use error::{BoxError, Stale, StoreError};
+pub use metered::MeteredStore;
 
 use crate::clock::Timestamp;
 use crate::fingerprint::Fingerprint;
@@ -31,14 +33,39 @@ use crate::scope::Scope;
 /// Default retention of completed records (DESIGN §2).
 pub const DEFAULT_RETENTION: Duration = Duration::from_secs(24 * 60 * 60);
 
-/// What to do with a claim of an abandoned record (DESIGN §5).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+/// What to do with a claim of an abandoned record: what an unknown outcome gets (DESIGN §5).
+/// Configuration files write it `on_unknown = "reject"` or `"retry"`; every file refuses
+/// other words with the same message.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Deserialize)]
+#[serde(try_from = "String")]
 pub enum AbandonedPolicy {
     /// Answer [`Claim::Abandoned`] until an operator resolves the record.
     #[default]
     Reject,
     /// Take the lease over (a new token, `attempts + 1`) and execute again.
     Retry,
+}
+
+impl std::str::FromStr for AbandonedPolicy {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "reject" => Ok(AbandonedPolicy::Reject),
+            "retry" => Ok(AbandonedPolicy::Retry),
+            other => Err(format!(
+                "an unknown outcome gets \"reject\" or \"retry\", not {other:?}"
+            )),
+        }
+    }
+}
+
+impl TryFrom<String> for AbandonedPolicy {
+    type Error = String;
+
+    fn try_from(s: String) -> Result<Self, Self::Error> {
+        s.parse()
+    }
 }
 
 /// A request to claim (scope, key) for one execution.

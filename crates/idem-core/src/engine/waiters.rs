@@ -8,7 +8,8 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-use idem_core::{Key, Scope};
+use crate::key::Key;
+use crate::scope::Scope;
 use tokio::sync::Notify;
 
 /// Keys executing in this process, and who waits for them.

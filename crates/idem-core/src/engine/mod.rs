@@ -1,61 +1,50 @@
 //! The engine: run a side effect at most once per (scope, key), over any [`Store`].
 //!
-//! This is DESIGN §3 and §4 without HTTP: claim the key; execute only when acquired; keep the
-//! lease alive while the effect runs; then store the result, release the key, or leave the
-//! outcome unknown, depending on what the effect reports. The tower layer, the gateway and the
-//! MCP proxy are adapters around [`Engine::run`]; they decide how to turn an [`Answer`] into a
-//! response.
+//! This is DESIGN §3 and §4 without a protocol: claim the key; execute only when acquired;
+//! keep the lease alive while the effect runs; then store the result, release the key, or
+//! leave the outcome unknown, depending on what the effect reports. A duplicate of an
+//! execution in flight waits for it (up to the policy's bound), woken at once when the
+//! execution is in this process and polling the store when it is elsewhere; if the key comes
+//! free meanwhile, the duplicate executes with its own effect.
+//!
+//! This is the one claim loop in idem. The HTTP layer, the gateway, the MCP proxy and the
+//! language packages are adapters: they parse and fingerprint a request, call [`Engine::run`],
+//! and turn its [`Answer`] into their protocol. The engine counts outcomes and store calls for
+//! all of them ([`crate::outcome`], [`MeteredStore`]).
 //!
 //! # Cancel safety
 //! Dropping the future of [`Engine::run`] while the effect runs (a client hung up, a panic
 //! unwound through it) does not release the key: the effect may have happened. The heartbeat
 //! stops with it, the lease runs out, and the record reads as abandoned (DESIGN §5).
 
+mod waiters;
+
 use std::future::Future;
 use std::pin::pin;
+use std::sync::Arc;
 use std::time::Duration;
 
 use sha2::{Digest, Sha256};
+use tokio::time::Instant;
 
+pub use self::waiters::{Running, Waiters};
 use crate::fingerprint::Fingerprint;
 use crate::key::Key;
+use crate::outcome::Outcome;
+pub use crate::policy::Policy;
 use crate::record::{FencingToken, Record, StoredBody, StoredResponse};
 use crate::scope::Scope;
-use crate::store::{AbandonedPolicy, Claim, ClaimRequest, DEFAULT_RETENTION, Store, StoreError};
+use crate::store::{Claim, ClaimRequest, Lease, MeteredStore, Store, StoreError};
 
-/// How the engine treats one route or tool.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Policy {
-    /// How long a claim holds the key without a heartbeat. The heartbeat extends it every
-    /// third of this while the effect runs, so it bounds how long a crashed executor blocks
-    /// the key, not how long an effect may take.
-    pub lease: Duration,
-    /// How long a completed result is replayed.
-    pub retention: Duration,
-    /// What a retry of an abandoned record does (DESIGN §5).
-    pub on_abandoned: AbandonedPolicy,
-    /// Statuses that mean "not processed, try again": the key is released, not kept (§4).
-    pub release_statuses: Vec<u16>,
-    /// Bodies longer than this are stored as length and digest only (§4).
-    pub max_stored_body: usize,
-}
+/// How often a waiting duplicate re-reads the store when the execution it waits for runs in
+/// another process (one in this process wakes it at once).
+pub const DEFAULT_POLL_INTERVAL: Duration = Duration::from_millis(25);
 
-impl Default for Policy {
-    fn default() -> Self {
-        Policy {
-            lease: Duration::from_secs(30),
-            retention: DEFAULT_RETENTION,
-            on_abandoned: AbandonedPolicy::Reject,
-            release_statuses: vec![429, 503],
-            max_stored_body: 1024 * 1024,
-        }
-    }
-}
-
-/// What the effect reports.
+/// What the effect reports about itself.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Effect {
-    /// It ran and answered this.
+    /// It ran and answered this: store it (or release the key, for a status the policy
+    /// says means "not processed").
     Done(StoredResponse),
     /// The request surely never reached the side effect (connection refused): the key is
     /// released and a retry executes.
@@ -73,27 +62,34 @@ pub enum Kept {
     /// Released: its status says "not processed", so a retry executes again.
     Released,
     /// Not stored: the store failed, or this executor lost its lease meanwhile. The record
-    /// will read as abandoned (or holds the other executor's result); logged by the caller.
+    /// will read as abandoned (or holds the other executor's result); the engine logs it.
     Lost(StoreError),
 }
 
-/// The engine's answer to one request.
+/// The engine's answer to one request. `T` is the caller's own value that the effect
+/// returned beside its [`Effect`] (an answer that is not stored, an error to hand back); it
+/// exists only for the request that executed.
 #[derive(Debug)]
-pub enum Answer {
-    /// This request executed the effect.
+pub enum Answer<T> {
+    /// This request executed the effect, which reported [`Effect::Done`].
     Executed {
         /// What the effect answered, whole (even when only a digest was stored).
         response: StoredResponse,
         /// What became of it.
         kept: Kept,
+        /// The effect's value.
+        value: T,
     },
-    /// The effect reported [`Effect::NotSent`]; the key was released.
-    NotSent,
-    /// The effect reported [`Effect::Unknown`]; the record is abandoned.
-    Unknown,
+    /// This request executed the effect, which reported [`Effect::NotSent`]; the key was
+    /// released.
+    NotSent(T),
+    /// This request executed the effect, which reported [`Effect::Unknown`]; the record is
+    /// abandoned.
+    Unknown(T),
     /// A result was stored for the same request: replay `record.response`.
     Replayed(Record),
-    /// Another executor holds the key for the same request.
+    /// Another executor holds the key for the same request, and the policy's wait (if any)
+    /// ran out first.
     InFlight(Record),
     /// The key was used for another request.
     Mismatch(Record),
@@ -101,81 +97,187 @@ pub enum Answer {
     Abandoned(Record),
 }
 
-/// Runs effects at most once per key, over a store.
+impl<T> Answer<T> {
+    /// The value of `idem_requests_total{outcome}` this answer counts under.
+    pub const fn outcome(&self) -> Outcome {
+        match self {
+            Answer::Executed { .. } => Outcome::Executed,
+            Answer::NotSent(_) => Outcome::NotSent,
+            Answer::Unknown(_) | Answer::Abandoned(_) => Outcome::OutcomeUnknown,
+            Answer::Replayed(_) => Outcome::Replayed,
+            Answer::InFlight(_) => Outcome::Conflict,
+            Answer::Mismatch(_) => Outcome::Mismatch,
+        }
+    }
+}
+
+/// Runs effects at most once per key, over a store. Cloning shares the store and the
+/// in-process waiters.
 #[derive(Debug, Clone)]
 pub struct Engine<S> {
-    store: S,
+    store: MeteredStore<S>,
+    waiters: Arc<Waiters>,
+    poll_interval: Duration,
 }
 
 impl<S: Store> Engine<S> {
     /// An engine over `store`.
-    pub const fn new(store: S) -> Self {
-        Engine { store }
+    pub fn new(store: S) -> Self {
+        Engine {
+            store: MeteredStore::new(store),
+            waiters: Arc::default(),
+            poll_interval: DEFAULT_POLL_INTERVAL,
+        }
+    }
+
+    /// Sets how often a waiting duplicate re-reads the store while the execution it waits
+    /// for runs in another process.
+    #[must_use]
+    pub fn with_poll_interval(mut self, every: Duration) -> Self {
+        self.poll_interval = every.max(Duration::from_millis(1));
+        self
     }
 
     /// The store.
     pub const fn store(&self) -> &S {
-        &self.store
+        self.store.get_ref()
     }
 
     /// Claims (scope, key) for `fingerprint` and runs `effect` only if the claim acquired.
+    /// A duplicate of an execution in flight waits up to `policy.wait` for its result; if the
+    /// key comes free meanwhile (the first execution released it), this request claims it
+    /// and runs its own `effect`.
     ///
     /// Fails closed: an error means the store could not be used and the effect did not run.
-    pub async fn run<F, Fut>(
+    pub async fn run<T, F, Fut>(
         &self,
         scope: Scope,
         key: Key,
         fingerprint: Fingerprint,
         policy: &Policy,
         effect: F,
-    ) -> Result<Answer, StoreError>
+    ) -> Result<Answer<T>, StoreError>
     where
         F: FnOnce() -> Fut,
-        Fut: Future<Output = Effect>,
+        Fut: Future<Output = (Effect, T)>,
     {
-        let req = ClaimRequest {
-            scope: scope.clone(),
-            key: key.clone(),
-            fingerprint,
-            lease: policy.lease,
-            retention: policy.retention,
-            on_abandoned: policy.on_abandoned,
+        let answer = match self.acquire(&scope, &key, fingerprint, policy).await {
+            Ok(Ok(lease)) => Ok(self.execute(&scope, &key, lease, policy, effect).await),
+            Ok(Err(refused)) => Ok(refused),
+            Err(e) => {
+                tracing::error!(error = %e, key = %key, scope = %scope, "store unavailable; not executed");
+                Outcome::StoreError.count();
+                Err(e)
+            }
         };
-        let lease = match self.store.claim(req).await? {
-            Claim::Acquired(lease) => lease,
-            Claim::Completed(r) => return Ok(Answer::Replayed(r)),
-            Claim::InFlight(r) => return Ok(Answer::InFlight(r)),
-            Claim::Mismatch(r) => return Ok(Answer::Mismatch(r)),
-            Claim::Abandoned(r) => return Ok(Answer::Abandoned(r)),
-        };
-        let outcome = self
-            .with_heartbeat(&scope, &key, lease.token, policy.lease, effect())
+        if let Ok(a) = &answer {
+            a.outcome().count();
+        }
+        answer
+    }
+
+    /// Claims until the key is acquired or the answer is final: a duplicate of an in-flight
+    /// execution waits (up to `policy.wait`) and claims again.
+    async fn acquire<T>(
+        &self,
+        scope: &Scope,
+        key: &Key,
+        fingerprint: Fingerprint,
+        policy: &Policy,
+    ) -> Result<Result<Lease, Answer<T>>, StoreError> {
+        let wait = policy.wait.filter(|w| !w.is_zero());
+        let deadline = wait.map(|w| Instant::now() + w);
+        loop {
+            // Listen before claiming, so a finish between the claim and the wait is not missed.
+            let local = wait.and_then(|_| self.waiters.get(scope, key));
+            let mut notified = local.as_ref().map(|n| Box::pin(n.notified()));
+            if let Some(n) = notified.as_mut() {
+                n.as_mut().enable();
+            }
+            let req = ClaimRequest {
+                scope: scope.clone(),
+                key: key.clone(),
+                fingerprint,
+                lease: policy.lease,
+                retention: policy.retention,
+                on_abandoned: policy.on_abandoned,
+            };
+            let record = match self.store.claim(req).await? {
+                Claim::Acquired(lease) => return Ok(Ok(lease)),
+                Claim::Completed(r) => return Ok(Err(Answer::Replayed(r))),
+                Claim::Mismatch(r) => return Ok(Err(Answer::Mismatch(r))),
+                Claim::Abandoned(r) => return Ok(Err(Answer::Abandoned(r))),
+                Claim::InFlight(r) => r,
+            };
+            let now = Instant::now();
+            let Some(deadline) = deadline.filter(|d| *d > now) else {
+                return Ok(Err(Answer::InFlight(record)));
+            };
+            let nap = self.poll_interval.min(deadline - now);
+            match notified {
+                Some(n) => {
+                    let _ = tokio::time::timeout(nap, n).await;
+                }
+                None => tokio::time::sleep(nap).await,
+            }
+        }
+    }
+
+    /// Runs the effect under an acquired lease and keeps what it reports.
+    async fn execute<T, F, Fut>(
+        &self,
+        scope: &Scope,
+        key: &Key,
+        lease: Lease,
+        policy: &Policy,
+        effect: F,
+    ) -> Answer<T>
+    where
+        F: FnOnce() -> Fut,
+        Fut: Future<Output = (Effect, T)>,
+    {
+        // Duplicates in this process wake when this guard drops: after the result is kept,
+        // not before. Only executions whose duplicates may wait are announced.
+        let _running = policy
+            .wait
+            .filter(|w| !w.is_zero())
+            .map(|_| self.waiters.executing(scope, key));
+        let (reported, value) = self
+            .with_heartbeat(scope, key, lease.token, policy.lease, effect())
             .await;
-        Ok(match outcome {
+        match reported {
             Effect::Done(response) => {
-                let kept = self
-                    .keep(&scope, &key, lease.token, policy, &response)
-                    .await;
-                Answer::Executed { response, kept }
+                let kept = self.keep(scope, key, lease.token, policy, &response).await;
+                if let Kept::Lost(e) = &kept {
+                    metrics::counter!("idem_completions_lost_total").increment(1);
+                    tracing::error!(error = %e, key = %key, scope = %scope, "executed, but the result was not stored; the key will read as abandoned");
+                }
+                Answer::Executed {
+                    response,
+                    kept,
+                    value,
+                }
             }
             Effect::NotSent => {
-                if let Err(e) = self.store.release(&scope, &key, lease.token).await {
+                if let Err(e) = self.store.release(scope, key, lease.token).await {
                     tracing::warn!(error = %e, key = %key, "could not release a key whose request was never sent; it will read as abandoned");
                 }
-                Answer::NotSent
+                Answer::NotSent(value)
             }
             Effect::Unknown => {
+                metrics::counter!("idem_abandoned_records_total").increment(1);
+                tracing::warn!(key = %key, scope = %scope, "outcome unknown: the record is abandoned until resolved (idem inspect / idem resolve)");
                 // A lease of zero ends now: the record reads as abandoned from this moment.
                 if let Err(e) = self
                     .store
-                    .extend(&scope, &key, lease.token, Duration::ZERO)
+                    .extend(scope, key, lease.token, Duration::ZERO)
                     .await
                 {
                     tracing::warn!(error = %e, key = %key, "could not mark an unknown outcome abandoned; it will be once its lease ends");
                 }
-                Answer::Unknown
+                Answer::Unknown(value)
             }
-        })
+        }
     }
 
     async fn keep(
@@ -201,14 +303,14 @@ impl<S: Store> Engine<S> {
 
     /// Polls `effect` to completion while a heartbeat extends the lease every third of it.
     /// The two run side by side: a slow `extend` (a busy store) never pauses the effect.
-    async fn with_heartbeat<T>(
+    async fn with_heartbeat<O>(
         &self,
         scope: &Scope,
         key: &Key,
         token: FencingToken,
         lease: Duration,
-        effect: impl Future<Output = T>,
-    ) -> T {
+        effect: impl Future<Output = O>,
+    ) -> O {
         let mut effect = pin!(effect);
         let every = (lease / 3).max(Duration::from_millis(10));
         let heartbeat = async {
@@ -256,7 +358,7 @@ mod tests {
     use crate::record::Record;
     use crate::record::RecordState;
     use crate::store::memory::MemoryStore;
-    use crate::store::{Claim, ClaimRequest};
+    use crate::store::{AbandonedPolicy, Claim, ClaimRequest};
 
     fn setup() -> (Engine<MemoryStore>, Arc<ManualClock>) {
         let clock = ManualClock::new(Timestamp::from_millis(1_000_000));
@@ -278,10 +380,13 @@ mod tests {
         count: &AtomicU32,
         policy: &Policy,
         status: u16,
-    ) -> Answer {
+    ) -> Answer<()> {
         let run = engine.run(Scope::anonymous(), k(key), fp(n), policy, || async {
             let id = count.fetch_add(1, Ordering::SeqCst) + 1;
-            Effect::Done(StoredResponse::new(status, format!("ch_{id}")))
+            (
+                Effect::Done(StoredResponse::new(status, format!("ch_{id}"))),
+                (),
+            )
         });
         run.await.unwrap_or_else(|e| panic!("{e}"))
     }
@@ -295,6 +400,7 @@ mod tests {
             Answer::Executed {
                 response,
                 kept: Kept::Stored,
+                ..
             } => {
                 assert_eq!(response, StoredResponse::new(201, "ch_1"));
             }
@@ -362,17 +468,25 @@ mod tests {
             let p = &p;
             async move {
                 engine
-                    .run(Scope::anonymous(), k(key), fp(1), p, || async { effect })
+                    .run(Scope::anonymous(), k(key), fp(1), p, || async {
+                        (effect, ())
+                    })
                     .await
                     .unwrap_or_else(|e| panic!("{e}"))
             }
         };
-        assert!(matches!(run("a", Effect::NotSent).await, Answer::NotSent));
+        assert!(matches!(
+            run("a", Effect::NotSent).await,
+            Answer::NotSent(())
+        ));
         assert!(matches!(
             engine.store().get(&Scope::anonymous(), &k("a")).await,
             Ok(None)
         ));
-        assert!(matches!(run("b", Effect::Unknown).await, Answer::Unknown));
+        assert!(matches!(
+            run("b", Effect::Unknown).await,
+            Answer::Unknown(())
+        ));
         let rec = engine
             .store()
             .get(&Scope::anonymous(), &k("b"))
@@ -397,9 +511,9 @@ mod tests {
             ..Policy::default()
         };
         let first = engine.run(Scope::anonymous(), k("k"), fp(1), &p, || async {
-            Effect::Unknown
+            (Effect::Unknown, ())
         });
-        assert!(matches!(first.await, Ok(Answer::Unknown)));
+        assert!(matches!(first.await, Ok(Answer::Unknown(()))));
         let count = AtomicU32::new(0);
         assert!(matches!(
             charge(&engine, "k", 1, &count, &p, 200).await,
@@ -426,12 +540,13 @@ mod tests {
         };
         let body = b"0123456789".to_vec();
         let run = engine.run(Scope::anonymous(), k("big"), fp(1), &p, || async {
-            Effect::Done(StoredResponse::new(200, body.clone()))
+            (Effect::Done(StoredResponse::new(200, body.clone())), ())
         });
         match run.await {
             Ok(Answer::Executed {
                 response,
                 kept: Kept::Stored,
+                ..
             }) => {
                 assert_eq!(response.body, StoredBody::Full(body.clone()));
             }
@@ -521,7 +636,7 @@ mod tests {
                 tokio::time::sleep(Duration::from_millis(2)).await;
             }
             store.progressed.notify_one();
-            Effect::Done(StoredResponse::new(200, "ok"))
+            (Effect::Done(StoredResponse::new(200, "ok")), ())
         });
         // A deadlock detector, not a speed check: paused, the effect would never finish.
         let answer = tokio::time::timeout(Duration::from_secs(10), run).await;
@@ -550,7 +665,7 @@ mod tests {
                     .run(Scope::anonymous(), k("slow"), fp(1), &p, || async move {
                         let _ = started_tx.send(());
                         tokio::time::sleep(Duration::from_millis(600)).await;
-                        Effect::Done(StoredResponse::new(200, "done"))
+                        (Effect::Done(StoredResponse::new(200, "done")), ())
                     })
                     .await
             })
@@ -570,5 +685,68 @@ mod tests {
             Answer::Abandoned(_)
         ));
         assert_eq!(count.load(Ordering::SeqCst), 0);
+    }
+
+    /// The one claim loop's waiting: a duplicate of an in-flight execution in this process
+    /// is woken when the result is stored and replays it; one whose first execution released
+    /// the key runs its own effect; without a wait it is answered InFlight at once.
+    #[tokio::test]
+    async fn duplicates_wait_for_the_first_then_replay_or_run_their_own() {
+        let engine = Engine::new(MemoryStore::new());
+        let waits = Policy {
+            wait: Some(Duration::from_secs(10)),
+            ..Policy::default()
+        };
+        for (first_status, dup_executes) in [(201, false), (503, true)] {
+            let key = format!("w{first_status}");
+            let count = Arc::new(AtomicU32::new(0));
+            let (started_tx, started) = tokio::sync::oneshot::channel();
+            let first = {
+                let (engine, waits, count, key) =
+                    (engine.clone(), waits.clone(), count.clone(), key.clone());
+                tokio::spawn(async move {
+                    let run = engine.run(Scope::anonymous(), k(&key), fp(1), &waits, || async {
+                        let _ = started_tx.send(());
+                        tokio::time::sleep(Duration::from_millis(200)).await;
+                        count.fetch_add(1, Ordering::SeqCst);
+                        (Effect::Done(StoredResponse::new(first_status, "first")), ())
+                    });
+                    run.await.map(|a| a.outcome())
+                })
+            };
+            let _ = started.await;
+            let dup = engine.run(Scope::anonymous(), k(&key), fp(1), &waits, || async {
+                count.fetch_add(1, Ordering::SeqCst);
+                (Effect::Done(StoredResponse::new(200, "dup")), "ran")
+            });
+            match dup.await.unwrap() {
+                Answer::Replayed(r) if !dup_executes => {
+                    assert_eq!(r.response, Some(StoredResponse::new(201, "first")));
+                }
+                Answer::Executed { value, .. } if dup_executes => assert_eq!(value, "ran"),
+                other => panic!("{first_status}: {other:?}"),
+            }
+            assert_eq!(first.await.unwrap().unwrap(), Outcome::Executed);
+            assert_eq!(count.load(Ordering::SeqCst), 1 + u32::from(dup_executes));
+        }
+        let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+        let blocker = {
+            let (engine, waits) = (engine.clone(), waits.clone());
+            tokio::spawn(async move {
+                let run = engine.run(Scope::anonymous(), k("c"), fp(1), &waits, || async {
+                    let _ = rx.await;
+                    (Effect::Done(StoredResponse::new(200, "ok")), ())
+                });
+                run.await.map(|a| a.outcome())
+            })
+        };
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let at_once = Policy::default();
+        let no_wait = engine.run(Scope::anonymous(), k("c"), fp(1), &at_once, || async {
+            (Effect::Done(StoredResponse::new(200, "no")), ())
+        });
+        assert!(matches!(no_wait.await, Ok(Answer::InFlight(_))));
+        let _ = tx.send(());
+        assert_eq!(blocker.await.unwrap().unwrap(), Outcome::Executed);
     }
 }

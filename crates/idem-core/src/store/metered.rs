@@ -1,13 +1,18 @@
 //! A store that reports how long each call took, as the histogram
 //! `idem_store_call_seconds{op}`, and counts store failures by operation.
+//!
+//! The [`Engine`](crate::Engine) wraps every store in it, so every front end (the HTTP layer,
+//! the gateway, the MCP proxy, the language packages) records the same store metrics through
+//! the `metrics` facade; without an installed recorder they cost a clock read per call.
 
 use std::future::Future;
 use std::time::{Duration, Instant};
 
-use idem_core::{
-    Claim, ClaimRequest, FencingToken, Key, Record, Resolution, Scope, Store, StoreError,
-    StoredResponse, Timestamp,
-};
+use crate::clock::Timestamp;
+use crate::key::Key;
+use crate::record::{FencingToken, Record, StoredResponse};
+use crate::scope::Scope;
+use crate::store::{Claim, ClaimRequest, Resolution, Store, StoreError};
 
 /// Wraps a store with latency metrics. Cloning clones the inner store.
 #[derive(Debug, Clone)]

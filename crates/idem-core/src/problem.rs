@@ -1,0 +1,61 @@
+//! The names of idem's refusals, in one place.
+//!
+//! Every front end refuses in its own protocol (an RFC 9457 document over HTTP, a tool error
+//! result over MCP, a typed exception in the language packages), but they all name the same
+//! problem with the same word, so a client, a log search or a dashboard matches one string
+//! whichever way the call came in. The HTTP layer appends the name to its problem-type base
+//! URI; the MCP proxy puts it in `_meta.idem.problem`.
+
+use std::fmt;
+
+/// What kind of refusal this is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ProblemType {
+    /// A key is required and none was sent.
+    KeyMissing,
+    /// The key is malformed, too long, or sent twice.
+    KeyInvalid,
+    /// The request body is over the bound it is buffered to (to fingerprint it).
+    BodyTooLarge,
+    /// The request body could not be read.
+    BodyUnreadable,
+    /// The key was first used for another request.
+    KeyReused,
+    /// The first request with this key is still executing.
+    InFlight,
+    /// An earlier execution's outcome is unknown; nothing is run again until it is resolved.
+    OutcomeUnknown,
+    /// The stored result was over the size bound; only its digest was kept.
+    ResponseTooLarge,
+    /// The store could not be used; nothing was executed.
+    StoreUnavailable,
+    /// The response broke off or was too large to buffer: the effect may have happened.
+    ResponseFailed,
+    /// The service behind idem could not be reached; nothing was sent.
+    UpstreamUnavailable,
+}
+
+impl ProblemType {
+    /// The name: the last part of the HTTP problem type URI, and `_meta.idem.problem` over MCP.
+    pub const fn name(self) -> &'static str {
+        match self {
+            ProblemType::KeyMissing => "key-missing",
+            ProblemType::KeyInvalid => "key-invalid",
+            ProblemType::BodyTooLarge => "body-too-large",
+            ProblemType::BodyUnreadable => "body-unreadable",
+            ProblemType::KeyReused => "key-reused",
+            ProblemType::InFlight => "in-flight",
+            ProblemType::OutcomeUnknown => "outcome-unknown",
+            ProblemType::ResponseTooLarge => "response-too-large",
+            ProblemType::StoreUnavailable => "store-unavailable",
+            ProblemType::ResponseFailed => "response-failed",
+            ProblemType::UpstreamUnavailable => "upstream-unavailable",
+        }
+    }
+}
+
+impl fmt::Display for ProblemType {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
