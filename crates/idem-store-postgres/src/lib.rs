@@ -11,7 +11,14 @@
 //! ```
 
 mod batch;
+mod claims;
+mod completions;
+mod inner;
+mod leases;
+mod maintenance;
 mod options;
+mod refusals;
+mod replay_writer;
 mod replays;
 mod schema;
 mod sql;

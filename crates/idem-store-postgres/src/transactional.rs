@@ -62,7 +62,7 @@ impl PgStore {
         response: &StoredResponse,
     ) -> Result<Record, StoreError> {
         let inner = self.inner();
-        let completion = crate::store::Completion {
+        let completion = crate::completions::Completion {
             scope: scope.clone(),
             key: key.clone(),
             token,
