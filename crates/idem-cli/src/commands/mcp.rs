@@ -20,7 +20,7 @@ pub(crate) async fn run(args: McpArgs) -> Result<()> {
     };
     let store = args
         .store
-        .open(false)
+        .open()
         .await
         .with_context(|| format!("cannot open the store {}", args.store))?;
     if let Some(listen) = args.listen {
