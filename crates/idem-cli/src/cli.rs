@@ -5,8 +5,7 @@ use std::path::PathBuf;
 use anyhow::{Context, Result};
 use clap::{Args, Parser, Subcommand};
 use idem_core::{Key, Scope};
-
-use crate::store_url::{DEFAULT_STORE, StoreUrl, StoreUrlParser};
+use idem_stores::{DEFAULT_STORE, StoreUrl, StoreUrlError};
 
 /// idem makes agent tool calls safe to retry: a repeated idempotency key gets the original
 /// result instead of running the side effect again.
@@ -209,6 +208,35 @@ pub(crate) struct KeyArgs {
     /// arguments an outsider could guess (amounts, e-mail addresses).
     #[arg(long, value_name = "VAR")]
     pub(crate) secret_env: Option<String>,
+}
+
+/// Parses `--store` for clap. Parsing itself is [`StoreUrl`]'s; this only keeps clap from
+/// echoing the raw value in errors (its own message for a refused value repeats it, password
+/// included) and says which flag was wrong.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct StoreUrlParser;
+
+impl clap::builder::TypedValueParser for StoreUrlParser {
+    type Value = StoreUrl;
+
+    fn parse_ref(
+        &self,
+        cmd: &clap::Command,
+        _arg: Option<&clap::Arg>,
+        value: &std::ffi::OsStr,
+    ) -> Result<StoreUrl, clap::Error> {
+        use clap::error::ErrorKind;
+        let text = value.to_str().ok_or_else(|| {
+            clap::Error::raw(ErrorKind::InvalidUtf8, "the store URL is not UTF-8\n").with_cmd(cmd)
+        })?;
+        text.parse().map_err(|e: StoreUrlError| {
+            clap::Error::raw(
+                ErrorKind::ValueValidation,
+                format!("invalid --store: {e}\n"),
+            )
+            .with_cmd(cmd)
+        })
+    }
 }
 
 fn socket_addr(s: &str) -> Result<std::net::SocketAddr, String> {

@@ -1,10 +1,9 @@
-//! The `idem` command. Thin: flags in [`cli`], one module per subcommand in [`commands`],
-//! the store picked by URL in [`store_url`].
+//! The `idem` command. Thin: flags in [`cli`], one module per subcommand in [`commands`];
+//! stores are parsed and opened by URL in the `idem-stores` library, which the bindings share.
 
 mod cli;
 mod commands;
 mod render;
-mod store_url;
 
 use std::process::ExitCode;
 

@@ -42,6 +42,7 @@ use http::{HeaderName, Method, Uri};
 use idem_core::{AbandonedPolicy, DEFAULT_RETENTION, Policy};
 use idem_http::policy::DEFAULT_MAX_BODY;
 use idem_http::{PathPattern, RoutePolicy, Routes};
+use idem_stores::{DEFAULT_STORE, StoreUrl};
 use serde::Deserialize;
 
 /// The file, as written. Every field is optional; [`Settings`] holds the validated result.
@@ -163,8 +164,10 @@ pub struct Settings {
     pub listen: SocketAddr,
     /// Base URI of the upstream (`http://host:port`, optionally with a path prefix).
     pub upstream: Uri,
-    /// Store URL (opened by the caller, which knows the backends).
-    pub store: String,
+    /// The store, parsed and checked here so that a mistyped URL is refused with the rest of
+    /// the configuration; the caller opens it (the gateway is generic over `Store`). Its
+    /// `Debug` hides passwords, as this struct's does.
+    pub store: StoreUrl,
     /// The layer's configuration.
     pub layer: idem_http::Config,
     /// Until the upstream's response headers arrive.
@@ -180,9 +183,6 @@ pub struct Settings {
     /// Records deleted per purge transaction.
     pub purge_batch: usize,
 }
-
-/// The default store of the gateway.
-pub const DEFAULT_STORE: &str = "sqlite:idem.db";
 
 impl FileConfig {
     /// Parses configuration text.
@@ -307,6 +307,13 @@ impl Settings {
             ),
             None => None,
         };
+        // The same words `idem inspect --store` uses, the password hidden in them.
+        let store: StoreUrl = over
+            .store
+            .or(file.store)
+            .as_deref()
+            .unwrap_or(DEFAULT_STORE)
+            .parse()?;
         let loopback: SocketAddr = ([127, 0, 0, 1], 9090).into();
         Ok(Settings {
             listen: over
@@ -314,10 +321,7 @@ impl Settings {
                 .or(file.listen)
                 .unwrap_or(([127, 0, 0, 1], 8080).into()),
             upstream,
-            store: over
-                .store
-                .or(file.store)
-                .unwrap_or_else(|| DEFAULT_STORE.to_owned()),
+            store,
             layer: idem_http::Config {
                 routes,
                 scope_headers,
@@ -383,7 +387,7 @@ mod tests {
                 .policy_for(&Method::POST, "/other")
                 .require_key
         );
-        assert_eq!(s.store, DEFAULT_STORE);
+        assert_eq!(s.store.to_string(), DEFAULT_STORE);
     }
 
     #[test]
@@ -411,6 +415,20 @@ mod tests {
         assert!(
             err("upstream = \"http://x:1\"\n[timeouts]\nupstream = \"soon\"").contains("invalid")
         );
+    }
+
+    #[test]
+    fn a_bad_store_url_is_a_config_error_without_its_password() {
+        let err = |t: &str| parse(t).err().map(|e| format!("{e:#}")).unwrap_or_default();
+        assert!(
+            err("upstream = \"http://x:1\"\nstore = \"idem.db\"")
+                .contains("the store URL has no scheme")
+        );
+        let e =
+            err("upstream = \"http://x:1\"\nstore = \"postgres://idem:s3cret@db/app?schema=Bad\"");
+        assert!(e.contains("plain identifier"), "{e}");
+        assert!(e.contains("postgres://idem:***@db/app"), "{e}");
+        assert!(!e.contains("s3cret"), "{e}");
     }
 
     #[test]
@@ -449,6 +467,6 @@ mod tests {
         )
         .unwrap_or_else(|e| panic!("{e:#}"));
         assert_eq!(s.upstream.port_u16(), Some(2));
-        assert_eq!(s.store, "memory:");
+        assert_eq!(s.store, StoreUrl::Memory);
     }
 }

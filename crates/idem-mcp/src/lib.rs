@@ -12,15 +12,15 @@
 //! - [`proxy`]: the rmcp `ServerHandler` that holds an rmcp client of the upstream.
 //! - [`stdio`], [`http`]: the two transports (stdio to the client and a spawned upstream;
 //!   streamable HTTP on both sides).
-//! - [`example`]: an example MCP server with a charge that is not idempotent, for tests and
-//!   the README.
+//!
+//! The example MCP server to try it on (`idem example-mcp`) is not here: it lives with the
+//! example payment API in `idem-demo`, so the proxy's library carries no example's database.
 //!
 //! # Cancel safety
 //! A client that cancels a call or hangs up does not cancel a call already forwarded: it runs
 //! in a task of its own, its result is stored, and a retry replays it ([`call`]).
 
 pub mod call;
-pub mod example;
 pub mod http;
 pub mod policy;
 pub mod proxy;

@@ -3,10 +3,10 @@
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use anyhow::{Context, Result};
+use idem_stores::StoreUrl;
 use indicatif::{ProgressBar, ProgressStyle};
 
 use crate::cli::{DemoArgs, ExampleApiArgs};
-use crate::store_url::StoreUrl;
 
 pub(crate) async fn run(args: DemoArgs) -> Result<()> {
     if !(0.0..=idem_demo::run::MAX_LOSS).contains(&args.loss) {
@@ -52,7 +52,7 @@ async fn run_in(
         }
     };
     let store = store_url
-        .open(false)
+        .open()
         .await
         .with_context(|| format!("cannot open the store {store_url}"))?;
     // A scope of its own per run, so a kept store never replays another run's charges.

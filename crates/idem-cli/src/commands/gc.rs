@@ -6,7 +6,7 @@ use idem_core::Store;
 use crate::cli::GcArgs;
 
 pub(crate) async fn run(args: GcArgs) -> Result<()> {
-    let store = args.store.open(true).await?;
+    let store = super::open_existing(&args.store).await?;
     let batch = args.batch as usize;
     let mut total = 0usize;
     loop {

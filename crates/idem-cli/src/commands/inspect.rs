@@ -8,7 +8,7 @@ use crate::cli::{InspectArgs, Target};
 pub(crate) async fn run(args: InspectArgs) -> Result<()> {
     let Target { store, scope, key } = args.target.resolve()?;
     let (k, s) = (key.as_str().to_owned(), scope.as_str().to_owned());
-    let store = store.open(true).await?;
+    let store = super::open_existing(&store).await?;
     let Some(record) = store.get(&scope, &key).await? else {
         bail!(
             "no record for key {k:?} in scope {s:?}: it was never claimed, was released, or its retention ended (a caller with a principal has its own scope: pass --principal 'authorization: ...' or the --scope the gateway logged)"

@@ -5,8 +5,8 @@ use std::collections::HashMap;
 use anyhow::{Context, Result, bail};
 use http::{HeaderName, HeaderValue};
 use idem_core::Scope;
+use idem_demo::mcp_server::ExampleServer;
 use idem_mcp::Policies;
-use idem_mcp::example::ExampleServer;
 use idem_mcp::http::{HttpOptions, Upstream};
 use idem_mcp::policy::DEFAULT_SCOPE;
 
@@ -20,7 +20,7 @@ pub(crate) async fn run(args: McpArgs) -> Result<()> {
     };
     let store = args
         .store
-        .open(false)
+        .open()
         .await
         .with_context(|| format!("cannot open the store {}", args.store))?;
     if let Some(listen) = args.listen {

@@ -30,7 +30,7 @@ pub(crate) async fn run(args: ResolveArgs) -> Result<()> {
         }
         _ => bail!("say how to settle the record: --release, or --status N [--body FILE]"),
     };
-    let store = store.open(true).await?;
+    let store = super::open_existing(&store).await?;
     match store.resolve(&scope, &key, resolution).await {
         Ok(None) => {
             println!("released {k:?} in scope {s:?}: the next request with this key executes")

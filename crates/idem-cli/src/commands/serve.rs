@@ -5,7 +5,6 @@ use idem_gateway::{Bound, FileConfig, Overrides, Settings};
 use metrics_exporter_prometheus::PrometheusBuilder;
 
 use crate::cli::ServeArgs;
-use crate::store_url::StoreUrl;
 
 pub(crate) async fn run(args: ServeArgs) -> Result<()> {
     let file = match &args.config {
@@ -18,10 +17,11 @@ pub(crate) async fn run(args: ServeArgs) -> Result<()> {
         store: args.store,
         admin_listen: args.admin_listen,
     };
+    // The store URL was checked (and its default taken) while resolving the settings.
     let settings = Settings::resolve(file, overrides)?;
-    let url: StoreUrl = settings.store.parse()?;
+    let url = settings.store.clone();
     let store = url
-        .open(false)
+        .open()
         .await
         .with_context(|| format!("cannot open the store {url}"))?;
     let metrics = PrometheusBuilder::new()

@@ -1,26 +1,33 @@
-//! Store URLs: `memory:`, `sqlite:PATH`, `postgres://...`, `redis://...`. One enum dispatches to the backend chosen at run time,
-//! so the libraries stay generic over `Store` and only the binary picks.
+//! Store URLs: parsing, redaction and opening.
 
 use std::fmt;
 use std::path::PathBuf;
 use std::str::FromStr;
-use std::time::Duration;
 
-use idem_core::{
-    Claim, ClaimRequest, FencingToken, Key, MemoryStore, Record, Resolution, Scope, Store,
-    StoreError, StoredResponse, Timestamp,
-};
+use idem_core::{MemoryStore, StoreError};
 use idem_store_postgres::{PgOptions, PgStore};
 use idem_store_redis::{RedisOptions, RedisStore};
 use idem_store_sqlite::SqliteStore;
 
-/// The default store: the embedded SQLite file in the working directory.
-pub(crate) const DEFAULT_STORE: &str = "sqlite:idem.db";
+use crate::AnyStore;
 
-/// A parsed store URL. `Debug` and `Display` hide passwords.
+/// The store used when none is named: the embedded SQLite file in the working directory.
+/// Defined here once so that `idem serve`, the operator commands and the bindings all fall
+/// back to the same file, and so a gateway and `idem inspect` run side by side meet.
+pub const DEFAULT_STORE: &str = "sqlite:idem.db";
+
+/// A parsed store URL. `Debug` and `Display` hide passwords, so it can be logged and put in
+/// messages as it is.
+///
+/// Build one with [`str::parse`]: the PostgreSQL and Redis forms are checked then (their
+/// `schema=` and `prefix=` parameters included), so a mistake is reported before anything
+/// connects. The variants are public for matching; one built by hand is checked only when
+/// it is opened.
 #[derive(Clone, PartialEq, Eq)]
-pub(crate) enum StoreUrl {
+pub enum StoreUrl {
+    /// `memory:`: a store in this process that is gone when it exits.
     Memory,
+    /// `sqlite:PATH`, `sqlite://PATH` (relative) or `sqlite:///abs/path`.
     Sqlite(PathBuf),
     /// The URL as given (checked when parsed); `?schema=NAME` picks the schema.
     Postgres(String),
@@ -32,19 +39,25 @@ const SCHEMES: &str = "memory:, sqlite:PATH, postgres://... or redis://...";
 
 /// Why a store URL was refused.
 #[derive(Debug, thiserror::Error)]
-pub(crate) enum StoreUrlError {
+pub enum StoreUrlError {
     // Neither message repeats the URL: a mistyped scheme or a `key=value` connection string
     // may hold a password.
+    /// There is no `scheme:` at all (a bare path, say).
     #[error("the store URL has no scheme; use {SCHEMES} (e.g. {DEFAULT_STORE})")]
     NoScheme,
+    /// The scheme is none of idem's (only the scheme is kept).
     #[error("the store URL has an unknown scheme {0:?}; use {SCHEMES}")]
     UnknownScheme(String),
+    /// The PostgreSQL URL or its `schema=` was refused. Shown redacted.
     #[error("store URL {url}: {err}", url = redact(.0), err = .1)]
     Postgres(String, idem_store_postgres::PgUrlError),
+    /// The Redis URL or its `prefix=` was refused. Shown redacted.
     #[error("store URL {url}: {err}", url = redact(.0), err = .1)]
     Redis(String, idem_store_redis::RedisUrlError),
+    /// `sqlite:` with no path.
     #[error("store URL {0:?} names no file; use sqlite:PATH (e.g. {DEFAULT_STORE})")]
     EmptyPath(String),
+    /// `memory:` followed by something.
     #[error("store URL {0:?}: memory: takes no path")]
     MemoryWithPath(String),
 }
@@ -87,34 +100,6 @@ impl fmt::Debug for StoreUrl {
     }
 }
 
-/// Parses `--store` for clap without echoing the raw value in errors (clap's own message
-/// for a refused value repeats it, password included).
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct StoreUrlParser;
-
-impl clap::builder::TypedValueParser for StoreUrlParser {
-    type Value = StoreUrl;
-
-    fn parse_ref(
-        &self,
-        cmd: &clap::Command,
-        _arg: Option<&clap::Arg>,
-        value: &std::ffi::OsStr,
-    ) -> Result<StoreUrl, clap::Error> {
-        use clap::error::ErrorKind;
-        let text = value.to_str().ok_or_else(|| {
-            clap::Error::raw(ErrorKind::InvalidUtf8, "the store URL is not UTF-8\n").with_cmd(cmd)
-        })?;
-        text.parse().map_err(|e: StoreUrlError| {
-            clap::Error::raw(
-                ErrorKind::ValueValidation,
-                format!("invalid --store: {e}\n"),
-            )
-            .with_cmd(cmd)
-        })
-    }
-}
-
 impl fmt::Display for StoreUrl {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
@@ -125,17 +110,35 @@ impl fmt::Display for StoreUrl {
     }
 }
 
+/// [`StoreUrl::open_existing`] was pointed at a SQLite file that is not there. It reaches the
+/// caller inside [`StoreError::Unavailable`], so a front end can recognise it (with
+/// `downcast_ref`) and say which of its own flags to check.
+#[derive(Debug, thiserror::Error)]
+#[error("no store file at {}", .0.display())]
+pub struct NoStoreFile(pub PathBuf);
+
 impl StoreUrl {
-    /// Opens the store. For SQLite the file is created if absent, unless `must_exist`: an
-    /// operator command pointed at a mistyped path should say so, not create an empty store.
-    pub(crate) async fn open(&self, must_exist: bool) -> Result<AnyStore, StoreError> {
+    /// Opens the store, creating what it needs: the SQLite file if absent, the PostgreSQL
+    /// schema if absent. A schema a newer idem wrote is refused. What serving commands use.
+    pub async fn open(&self) -> Result<AnyStore, StoreError> {
+        self.open_with(false).await
+    }
+
+    /// Opens a store that must already exist: for SQLite, an absent file is refused with
+    /// [`NoStoreFile`] and not created, since an operator command (`idem inspect`, `resolve`,
+    /// `gc`) pointed at a mistyped path should say so, not answer "no record" from an empty
+    /// store it just made. The other backends open as with [`StoreUrl::open`]: a server has
+    /// no file to mistype.
+    pub async fn open_existing(&self) -> Result<AnyStore, StoreError> {
+        self.open_with(true).await
+    }
+
+    async fn open_with(&self, must_exist: bool) -> Result<AnyStore, StoreError> {
         match self {
             StoreUrl::Memory => Ok(AnyStore::Memory(MemoryStore::new())),
             StoreUrl::Sqlite(path) => {
                 if must_exist && !path.exists() {
-                    return Err(StoreError::Unavailable(
-                        format!("no store file at {} (check --store)", path.display()).into(),
-                    ));
+                    return Err(StoreError::unavailable(NoStoreFile(path.clone())));
                 }
                 Ok(AnyStore::Sqlite(SqliteStore::open(path)?))
             }
@@ -145,18 +148,10 @@ impl StoreUrl {
     }
 }
 
-/// A store chosen by URL.
-#[derive(Debug, Clone)]
-pub(crate) enum AnyStore {
-    Memory(MemoryStore),
-    Sqlite(SqliteStore),
-    Postgres(PgStore),
-    Redis(RedisStore),
-}
-
-/// The URL with any password replaced, for messages and logs: in the user part and in a
-/// `password=` query parameter.
-fn redact(url: &str) -> String {
+/// The URL with any password replaced by `***`, for messages and logs: in the user part and
+/// in a `password=` query parameter. For text that may not even parse as a store URL; a
+/// parsed [`StoreUrl`] already displays this way.
+pub fn redact(url: &str) -> String {
     let url = match url.split_once('?') {
         Some((base, query)) => {
             let query: Vec<String> = query
@@ -182,69 +177,6 @@ fn redact(url: &str) -> String {
             None => url.to_owned(),
         },
         None => url.to_owned(),
-    }
-}
-
-macro_rules! dispatch {
-    ($self:ident, $s:ident => $call:expr) => {
-        match $self {
-            AnyStore::Memory($s) => $call.await,
-            AnyStore::Sqlite($s) => $call.await,
-            AnyStore::Postgres($s) => $call.await,
-            AnyStore::Redis($s) => $call.await,
-        }
-    };
-}
-
-impl Store for AnyStore {
-    async fn claim(&self, req: ClaimRequest) -> Result<Claim, StoreError> {
-        dispatch!(self, s => s.claim(req))
-    }
-
-    async fn complete(
-        &self,
-        scope: &Scope,
-        key: &Key,
-        token: FencingToken,
-        response: StoredResponse,
-    ) -> Result<Record, StoreError> {
-        dispatch!(self, s => s.complete(scope, key, token, response))
-    }
-
-    async fn release(
-        &self,
-        scope: &Scope,
-        key: &Key,
-        token: FencingToken,
-    ) -> Result<(), StoreError> {
-        dispatch!(self, s => s.release(scope, key, token))
-    }
-
-    async fn extend(
-        &self,
-        scope: &Scope,
-        key: &Key,
-        token: FencingToken,
-        lease: Duration,
-    ) -> Result<Timestamp, StoreError> {
-        dispatch!(self, s => s.extend(scope, key, token, lease))
-    }
-
-    async fn get(&self, scope: &Scope, key: &Key) -> Result<Option<Record>, StoreError> {
-        dispatch!(self, s => s.get(scope, key))
-    }
-
-    async fn purge_expired(&self, limit: usize) -> Result<usize, StoreError> {
-        dispatch!(self, s => s.purge_expired(limit))
-    }
-
-    async fn resolve(
-        &self,
-        scope: &Scope,
-        key: &Key,
-        resolution: Resolution,
-    ) -> Result<Option<Record>, StoreError> {
-        dispatch!(self, s => s.resolve(scope, key, resolution))
     }
 }
 

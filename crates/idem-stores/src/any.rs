@@ -1,0 +1,106 @@
+//! [`AnyStore`]: one `Store` over the backend a URL chose.
+
+use std::time::Duration;
+
+use idem_core::{
+    Claim, ClaimRequest, FencingToken, Key, MemoryStore, Record, Resolution, Scope, Store,
+    StoreError, StoredResponse, Timestamp,
+};
+use idem_store_postgres::PgStore;
+use idem_store_redis::RedisStore;
+use idem_store_sqlite::SqliteStore;
+
+/// A store chosen by URL (see [`crate::StoreUrl::open`]). The libraries stay generic over
+/// `Store`, which monomorphises per backend; a program that learns the backend only at run
+/// time holds this enum instead, and each call is one `match` away from the backend's own.
+///
+/// The variants are public so that a caller can reach what only one backend has (the
+/// PostgreSQL schema, the Redis key prefix); the accessors below cover what callers need
+/// without matching.
+#[derive(Debug, Clone)]
+pub enum AnyStore {
+    /// `memory:`.
+    Memory(MemoryStore),
+    /// `sqlite:PATH`.
+    Sqlite(SqliteStore),
+    /// `postgres://...`.
+    Postgres(PgStore),
+    /// `redis://...`.
+    Redis(RedisStore),
+}
+
+impl AnyStore {
+    /// What in the server's configuration makes claims less than durable or lets records be
+    /// evicted (and so a key run twice), read when the store connected. Only Redis has such
+    /// settings to read; empty for the others, and when all is well. `idem migrate` prints these so an operator sees them before
+    /// any gateway trusts the store.
+    pub fn durability_warnings(&self) -> &[String] {
+        match self {
+            AnyStore::Redis(r) => r.durability_warnings(),
+            AnyStore::Memory(_) | AnyStore::Sqlite(_) | AnyStore::Postgres(_) => &[],
+        }
+    }
+}
+
+macro_rules! dispatch {
+    ($self:ident, $s:ident => $call:expr) => {
+        match $self {
+            AnyStore::Memory($s) => $call.await,
+            AnyStore::Sqlite($s) => $call.await,
+            AnyStore::Postgres($s) => $call.await,
+            AnyStore::Redis($s) => $call.await,
+        }
+    };
+}
+
+impl Store for AnyStore {
+    async fn claim(&self, req: ClaimRequest) -> Result<Claim, StoreError> {
+        dispatch!(self, s => s.claim(req))
+    }
+
+    async fn complete(
+        &self,
+        scope: &Scope,
+        key: &Key,
+        token: FencingToken,
+        response: StoredResponse,
+    ) -> Result<Record, StoreError> {
+        dispatch!(self, s => s.complete(scope, key, token, response))
+    }
+
+    async fn release(
+        &self,
+        scope: &Scope,
+        key: &Key,
+        token: FencingToken,
+    ) -> Result<(), StoreError> {
+        dispatch!(self, s => s.release(scope, key, token))
+    }
+
+    async fn extend(
+        &self,
+        scope: &Scope,
+        key: &Key,
+        token: FencingToken,
+        lease: Duration,
+    ) -> Result<Timestamp, StoreError> {
+        dispatch!(self, s => s.extend(scope, key, token, lease))
+    }
+
+    async fn get(&self, scope: &Scope, key: &Key) -> Result<Option<Record>, StoreError> {
+        dispatch!(self, s => s.get(scope, key))
+    }
+
+    async fn purge_expired(&self, limit: usize) -> Result<usize, StoreError> {
+        dispatch!(self, s => s.purge_expired(limit))
+    }
+
+    async fn resolve(
+        &self,
+        scope: &Scope,
+        key: &Key,
+        resolution: Resolution,
+    ) -> Result<Option<Record>, StoreError> {
+        dispatch!(self, s => s.resolve(scope, key, resolution))
+    }
+}
