@@ -1,6 +1,6 @@
 """`idem mcp` driven by a client nobody here wrote: the official MCP Python SDK (`pip install mcp`).
 
-Spawns `idem mcp --store sqlite:... -- idem example-mcp --db ...` over stdio and checks DESIGN §8
+Spawns `idem mcp --store sqlite:... -- idem example-mcp --db ...` over stdio and checks [design §8](docs/design.md#8-mcp)
 from the outside. Run: python3 -m unittest test_mcp_proxy (after `cargo build -p idem-cli`).
 
 The idem binary is $IDEM_BIN, else target/debug/idem under $CARGO_TARGET_DIR or the repository.
@@ -112,7 +112,7 @@ class PythonClientThroughStdioProxy(unittest.IsolatedAsyncioTestCase):
         self.assertEqual(self.count_charges(), 1)
 
     async def test_a_new_proxy_process_replays_the_key(self):
-        # A runtime that restarted mid-turn reconnects through a new proxy (DESIGN §8).
+        # A runtime that restarted mid-turn reconnects through a new proxy ([design §8](docs/design.md#8-mcp)).
         args = {"customer": "cus_py", "amount_cents": 100, "idempotency_key": "py-restart"}
         async with self.session() as s:
             first = await s.call_tool("charge_card", args)

@@ -216,7 +216,7 @@ async fn stdio_proxy_dedups_effect_tools() {
     let _ = client.cancel().await;
 
     // A runtime that restarted reconnects through a new proxy process: same scope, so the
-    // same key still replays (DESIGN §8).
+    // same key still replays ([design §8](docs/design.md#8-mcp)).
     let client = stdio_proxy(&d).await;
     let replay = call(
         &client,

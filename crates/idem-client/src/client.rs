@@ -122,7 +122,8 @@ impl<T: Transport> ToolClient<T> {
         self
     }
 
-    /// Derives keys with HMAC-SHA256 under this secret (DESIGN §7).
+    /// Derives keys with HMAC-SHA256 under this secret
+    /// ([design §7](docs/design.md#7-the-runtime-side)).
     pub fn secret(mut self, secret: impl Into<Vec<u8>>) -> Self {
         self.secret = Some(secret.into());
         self

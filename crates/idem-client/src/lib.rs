@@ -1,4 +1,5 @@
-//! The runtime side (DESIGN §7): a tool client for agent runtimes that retries safely.
+//! The runtime side ([design §7](docs/design.md#7-the-runtime-side)): a tool client for agent
+//! runtimes that retries safely.
 //!
 //! For an effect (a tool that charges, sends, provisions) the key is derived **once**, at the
 //! point of intent, with [`idem_keys`], and sent on **every** attempt as the argument
@@ -10,8 +11,8 @@
 //! ```no_run
 //! use idem_client::{Category, HttpTransport, Intent, ToolClient, ToolPolicy};
 //! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
-//! let client = ToolClient::new(HttpTransport::new("http://127.0.0.1:8080/tools", std::time::Duration::from_secs(10))?);
-//! let intent = Intent {
+//! let client = ToolClient::new(HttpTransport::new("http://127.0.0.1:8080/tools",
+//! std::time::Duration::from_secs(10))?); let intent = Intent {
 //!     scope: "turn_9f3a".into(),
 //!     tool: "charge_card".into(),
 //!     args: serde_json::json!({"customer": "cus_8g2k", "amount_cents": 4900}),

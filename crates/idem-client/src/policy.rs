@@ -1,5 +1,6 @@
-//! Which tools need keys, and how hard to retry (DESIGN §7). The tool classes are idem-core's
-//! [`ToolClass`], the vocabulary the MCP proxy and the gateway share.
+//! Which tools need keys, and how hard to retry ([design §7](docs/design.md#7-the-runtime-side)).
+//! The tool classes are idem-core's [`ToolClass`], the vocabulary the MCP proxy and the gateway
+//! share.
 
 use std::time::Duration;
 
@@ -62,7 +63,7 @@ impl ToolPolicy {
 }
 
 /// Policies by tool name, from configuration or from a server's tool list. A tool nobody
-/// described is an effect (DESIGN §7).
+/// described is an effect ([design §7](docs/design.md#7-the-runtime-side)).
 #[derive(Debug, Clone, Default)]
 pub struct ToolPolicies {
     by_name: std::collections::HashMap<String, ToolPolicy>,

@@ -10,8 +10,10 @@
 //! ```
 //!
 //! That expands one `#[test]` per case in [`cases`], so a failure names the rule that broke
-//! and the backend it broke in. The cases cover every transition of DESIGN §2, every row of §3
-//! at the store level, fencing, retention, bounded purge, and races of real OS threads.
+//! and the backend it broke in. The cases cover every transition of
+//! [design §2](docs/design.md#2-the-records-life), every row of
+//! [§3](docs/design.md#3-what-a-request-with-a-key-gets) at the store level, fencing, retention,
+//! bounded purge, and races of real OS threads.
 //!
 //! Backends that need a server (PostgreSQL, Redis) return [`Unavailable`] from
 //! [`Harness::open`] when it cannot be reached: the case prints why and passes, unless

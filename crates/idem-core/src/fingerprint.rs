@@ -1,10 +1,10 @@
 //! The fingerprint: what makes a repeated key the *same* request.
 //!
-//! DESIGN §1: SHA-256 over method, path with query, and body, with a JSON body canonicalised by
-//! RFC 8785 (JCS) first, so a client that re-serialises its retry with other member order or
-//! whitespace still gets its replay, while any changed value is a mismatch (422 `key-reused`).
-//! Each part is length-prefixed and the whole is domain-separated, so no two different requests
-//! can be made to hash the same bytes by shifting text between parts.
+//! [design §1](docs/design.md#1-words): SHA-256 over method, path with query, and body, with a JSON
+//! body canonicalised by RFC 8785 (JCS) first, so a client that re-serialises its retry with other
+//! member order or whitespace still gets its replay, while any changed value is a mismatch (422
+//! `key-reused`). Each part is length-prefixed and the whole is domain-separated, so no two
+//! different requests can be made to hash the same bytes by shifting text between parts.
 
 use std::fmt;
 

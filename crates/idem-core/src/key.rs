@@ -1,9 +1,10 @@
 //! The idempotency key: the string that names one intent.
 //!
-//! DESIGN §1: a key is 1..=255 bytes of visible ASCII (`0x21..=0x7E`). Over HTTP it travels in
-//! the `Idempotency-Key` header as an RFC 8941 sf-string (`"..."` with `\"` and `\\` escapes);
-//! a bare value is accepted too, because most clients (Stripe's libraries, `uuidgen`) send keys
-//! unquoted and many of those keys start with a digit, which a strict sf-token would refuse.
+//! [design §1](docs/design.md#1-words): a key is 1..=255 bytes of visible ASCII (`0x21..=0x7E`).
+//! Over HTTP it travels in the `Idempotency-Key` header as an RFC 8941 sf-string (`"..."` with `\"`
+//! and `\\` escapes); a bare value is accepted too, because most clients (Stripe's libraries,
+//! `uuidgen`) send keys unquoted and many of those keys start with a digit, which a strict sf-token
+//! would refuse.
 //!
 //! Validation is strict everywhere else: a key that is not exactly what the design allows is
 //! refused with an error that says which byte is wrong, so a client author can fix it without
@@ -11,7 +12,7 @@
 
 use std::fmt;
 
-/// Longest key accepted, in bytes (DESIGN §1).
+/// Longest key accepted, in bytes ([design §1](docs/design.md#1-words)).
 pub const MAX_KEY_LEN: usize = 255;
 
 /// A validated idempotency key.

@@ -1,10 +1,11 @@
 //! idem's core: what every part of idem agrees on.
 //!
-//! - [`key`]: the idempotency key and its header form (DESIGN §1).
+//! - [`key`]: the idempotency key and its header form ([design §1](docs/design.md#1-words)).
 //! - [`scope`]: whose keys these are.
 //! - [`fingerprint`]: what makes a repeated key the same request.
 //! - [`record`]: what a store keeps for one key; [`report`]: its story as JSON.
-//! - [`machine`]: the record's state machine (DESIGN §2, §3), as pure functions.
+//! - [`machine`]: the record's state machine ([design §2](docs/design.md#2-the-records-life),
+//!   [§3](docs/design.md#3-what-a-request-with-a-key-gets)), as pure functions.
 //! - [`store`]: the `Store` contract every backend implements, the in-memory backend, and
 //!   the metered wrapper the engine puts around every store.
 //! - [`policy`]: tool classes and per-route or per-tool policy, validated once for every
@@ -14,6 +15,10 @@
 //! - [`problem`]: the names of refusals, shared by every protocol.
 //! - [`outcome`]: what became of each request, counted the same way everywhere.
 //! - [`clock`]: time, injected so tests can move it.
+//!
+//! The behaviour all of this follows is specified in `docs/design.md`; doc comments across the
+//! workspace cite its sections as `[design §N](docs/design.md#...)`, paths from the repository
+//! root.
 //!
 //! This crate depends on no web framework and no database driver (only the `http` types, for
 //! scopes named by request headers); the HTTP layer, the gateway, the MCP proxy and each heavy

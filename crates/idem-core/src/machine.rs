@@ -1,4 +1,5 @@
-//! The record's state machine (DESIGN §2 and §3), as pure functions.
+//! The record's state machine ([design §2](docs/design.md#2-the-records-life) and
+//! [§3](docs/design.md#3-what-a-request-with-a-key-gets)), as pure functions.
 //!
 //! Each function takes what the store holds for (scope, key) and the time, and says what to
 //! answer and what to write. A backend that can hold (scope, key) exclusively for a moment (a
@@ -8,17 +9,19 @@
 //!
 //! ```text
 //!             claim (atomic)                complete(token)
-//!   absent ------------------> in_flight ------------------> completed --(retention ends)--> absent
+//!   absent ------------------> in_flight ------------------> completed --(retention ends)-->
+//! absent
 //!                                |  | release(token)
 //!                                |  +--------------------------------------------------> absent
 //!                                | lease ends without complete
 //!                                +--> abandoned --(resolve / takeover under Retry)-->
 //! ```
 //!
-//! Retention counts from completion (DESIGN §2). A record that is not completed, in flight or
-//! abandoned, never expires: an unknown outcome stays visible until an operator resolves it
-//! or, under the `retry` policy, a retry takes it over (DESIGN §5). Letting it expire would
-//! turn "unknown" into "absent" and re-execute under `reject`.
+//! Retention counts from completion ([design §2](docs/design.md#2-the-records-life)). A record that
+//! is not completed, in flight or abandoned, never expires: an unknown outcome stays visible until
+//! an operator resolves it or, under the `retry` policy, a retry takes it over
+//! ([design §5](docs/design.md#5-unknown-outcomes)). Letting it expire would turn "unknown" into
+//! "absent" and re-execute under `reject`.
 
 use std::time::Duration;
 

@@ -12,7 +12,7 @@ use crate::scope::Scope;
 
 /// Proof of holding a record's lease. `complete`, `release` and `extend` succeed only with the
 /// current token, so an executor that lost its lease (it stalled, another took over) cannot
-/// write over the winner's result (DESIGN §2).
+/// write over the winner's result ([design §2](docs/design.md#2-the-records-life)).
 ///
 /// Tokens are random 64-bit values, not counters: a counter restarts when a record is purged
 /// and created again, and a stale executor could then hold a token that looks current.
@@ -63,13 +63,15 @@ impl fmt::Display for FencingToken {
     }
 }
 
-/// Where a record stands in its life (DESIGN §2). Derived from the record and the time, never
-/// stored, so a lease that ends needs no write to turn into `Abandoned`.
+/// Where a record stands in its life ([design §2](docs/design.md#2-the-records-life)). Derived from
+/// the record and the time, never stored, so a lease that ends needs no write to turn into
+/// `Abandoned`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum RecordState {
     /// Claimed; the lease is running.
     InFlight,
-    /// Claimed, but the lease ended without a completion: the outcome is unknown (DESIGN §5).
+    /// Claimed, but the lease ended without a completion: the outcome is unknown
+    /// ([design §5](docs/design.md#5-unknown-outcomes)).
     Abandoned,
     /// A result is stored and is replayed until retention ends.
     Completed,
@@ -147,7 +149,8 @@ impl Record {
         }
     }
 
-    /// Whether retention has ended: an expired record is absent to every reader (DESIGN §2).
+    /// Whether retention has ended: an expired record is absent to every reader
+    /// ([design §2](docs/design.md#2-the-records-life)).
     pub fn is_expired(&self, now: Timestamp) -> bool {
         self.expires_at <= now
     }
@@ -161,7 +164,8 @@ pub struct StoredResponse {
     pub status: u16,
     /// The headers kept for replay, in order, values as raw bytes.
     pub headers: Vec<(String, Vec<u8>)>,
-    /// The body, or its digest when it was over the size bound (DESIGN §4).
+    /// The body, or its digest when it was over the size bound
+    /// ([design §4](docs/design.md#4-which-results-are-kept)).
     pub body: StoredBody,
 }
 

@@ -1,9 +1,9 @@
 //! The scope: whose keys these are.
 //!
-//! DESIGN §1: keys of two scopes never meet. The HTTP side derives the scope from the caller's
-//! principal (for example the `Authorization` header) by hashing it, so the store never holds
-//! the secret; the MCP proxy over stdio uses a configured name. Either way the store sees one
-//! short, printable label.
+//! [design §1](docs/design.md#1-words): keys of two scopes never meet. The HTTP side derives the
+//! scope from the caller's principal (for example the `Authorization` header) by hashing it, so the
+//! store never holds the secret; the MCP proxy over stdio uses a configured name. Either way the
+//! store sees one short, printable label.
 
 use std::fmt;
 

@@ -3,7 +3,8 @@
 //! Requests go through [`idem_http::IdempotencyLayer`] to a [`proxy::Proxy`] that forwards them
 //! upstream with a pooled hyper client. The proxy tells the layer when a request surely never
 //! reached the upstream (connection refused: the key is released, 502) and when it was sent
-//! but no answer came (timeout or reset: the record becomes abandoned, 504/502), per DESIGN §4.
+//! but no answer came (timeout or reset: the record becomes abandoned, 504/502), per
+//! [design §4](docs/design.md#4-which-results-are-kept).
 //!
 //! - [`config`]: the TOML file, flags and environment, validated into [`config::Settings`].
 //! - [`proxy`]: forwarding upstream.

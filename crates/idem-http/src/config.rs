@@ -13,8 +13,8 @@ use crate::problem::DEFAULT_PROBLEM_BASE;
 pub struct Config {
     /// Per-route policy; unlisted routes honour a key when one is sent.
     pub routes: Routes,
-    /// Headers whose values name the caller (DESIGN §1): their hash is the scope. A request
-    /// with none of them is in the anonymous scope.
+    /// Headers whose values name the caller ([design §1](docs/design.md#1-words)): their hash is
+    /// the scope. A request with none of them is in the anonymous scope.
     pub scope_headers: Vec<HeaderName>,
     /// Base of problem type URIs.
     pub problem_base: String,

@@ -8,7 +8,8 @@ use tower_layer::Layer;
 use crate::config::Config;
 use crate::service::{Idempotency, Shared};
 
-/// Makes unsafe requests that carry an `Idempotency-Key` execute at most once (DESIGN §3).
+/// Makes unsafe requests that carry an `Idempotency-Key` execute at most once
+/// ([design §3](docs/design.md#3-what-a-request-with-a-key-gets)).
 ///
 /// ```
 /// use axum::{Router, routing::post};

@@ -1,12 +1,12 @@
 //! idem over HTTP: [`IdempotencyLayer`], a tower layer that makes unsafe requests carrying an
 //! `Idempotency-Key` execute at most once, over any idem [`Store`](idem_core::Store).
 //!
-//! For each request the layer follows DESIGN §3: safe methods pass through; the key is read
-//! and validated; the body is buffered (bounded) and fingerprinted; then
-//! [`idem_core::Engine::run`] claims the key and runs the inner service only if the claim
-//! acquired (waiting for an in-flight duplicate where the route says so), and its response is
-//! stored (or the key released, for 429/503) and returned. The layer only parses and maps
-//! answers to HTTP; the claim loop is the engine's. A repeat gets the stored
+//! For each request the layer follows [design §3](docs/design.md#3-what-a-request-with-a-key-gets):
+//! safe methods pass through; the key is read and validated; the body is buffered (bounded) and
+//! fingerprinted; then [`idem_core::Engine::run`] claims the key and runs the inner service only if
+//! the claim acquired (waiting for an in-flight duplicate where the route says so), and its
+//! response is stored (or the key released, for 429/503) and returned. The layer only parses and
+//! maps answers to HTTP; the claim loop is the engine's. A repeat gets the stored
 //! response with `Idempotent-Replayed: true`. Refusals are RFC 9457 problem documents
 //! ([`Problem`]). Store failures answer 503 and never run the inner service.
 //!
@@ -19,7 +19,7 @@
 //! # Cancel safety
 //! If the request future is dropped while the inner service runs (the client hung up) or the
 //! inner service panics, the key is not released: the effect may have happened. The lease runs
-//! out and the record reads as abandoned (DESIGN §5).
+//! out and the record reads as abandoned ([design §5](docs/design.md#5-unknown-outcomes)).
 //!
 //! # Metrics
 //! Through the `metrics` facade: `idem_requests_total{outcome}` (executed, replayed, conflict,

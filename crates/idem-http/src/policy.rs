@@ -2,7 +2,8 @@
 //!
 //! A route is a method (or any) and a path pattern; the first listed route that matches a
 //! request decides. A request that matches none gets the default policy: a key, when present
-//! on an unsafe method, is honoured; none is required (issue 3, DESIGN §3).
+//! on an unsafe method, is honoured; none is required (issue 3,
+//! [design §3](docs/design.md#3-what-a-request-with-a-key-gets)).
 
 use std::fmt;
 
@@ -36,8 +37,8 @@ impl Default for RoutePolicy {
 }
 
 impl RoutePolicy {
-    /// The policy for routes that require keys: DESIGN §5 makes `reject` their default for
-    /// unknown outcomes.
+    /// The policy for routes that require keys: [design §5](docs/design.md#5-unknown-outcomes)
+    /// makes `reject` their default for unknown outcomes.
     pub fn requiring_key() -> Self {
         RoutePolicy {
             require_key: true,

@@ -87,7 +87,8 @@ fn respond(resp: Response<Bytes>) -> Response<Body> {
     resp.map(full)
 }
 
-/// Methods that never need a key (DESIGN §3; TRACE is safe too, RFC 9110 §9.2.1).
+/// Methods that never need a key ([design §3](docs/design.md#3-what-a-request-with-a-key-gets);
+/// TRACE is safe too, RFC 9110 §9.2.1).
 fn is_safe(method: &Method) -> bool {
     matches!(
         *method,

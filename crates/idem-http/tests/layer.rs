@@ -1,5 +1,6 @@
-//! The layer inside an axum service, request by request: every row of DESIGN §3, the caching
-//! rules of §4, fail-closed on store errors (§6), scopes, limits and waiting.
+//! The layer inside an axum service, request by request: every row of
+//! [design §3](docs/design.md#3-what-a-request-with-a-key-gets), the caching rules of §4,
+//! fail-closed on store errors (§6), scopes, limits and waiting.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};

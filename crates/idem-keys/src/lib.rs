@@ -1,4 +1,4 @@
-//! Keys at the point of intent (DESIGN §7), version `idem/v1`.
+//! Keys at the point of intent ([design §7](docs/design.md#7-the-runtime-side)), version `idem/v1`.
 //!
 //! An agent runtime derives the key of a tool call once, when it decides to make the call, and
 //! sends that same key on every retry: the model re-asking, a timeout, a supervisor handing the
@@ -15,8 +15,9 @@
 //!
 //! ```
 //! use serde_json::json;
-//! let key = idem_keys::derive("turn_9f3a", "charge_card", &json!({"customer": "cus_8g2k", "amount_cents": 4900}), 0, None)?;
-//! assert_eq!(key.as_str(), "turn_9f3a-charge_card-dmg4hof5wdajf4ppiwf4n53dsjb5peby");
+//! let key = idem_keys::derive("turn_9f3a", "charge_card", &json!({"customer": "cus_8g2k",
+//! "amount_cents": 4900}), 0, None)?; assert_eq!(key.as_str(),
+//! "turn_9f3a-charge_card-dmg4hof5wdajf4ppiwf4n53dsjb5peby");
 //! # Ok::<(), idem_keys::DeriveError>(())
 //! ```
 

@@ -1,6 +1,8 @@
 //! One `tools/call` of an effect tool, over the [`Engine`]: the engine claims the key (and
 //! waits for a duplicate in flight), this module forwards the call, says what it came to,
-//! and maps the engine's answer to a `CallToolResult` (DESIGN §3 and §8, without HTTP).
+//! and maps the engine's answer to a `CallToolResult`
+//! ([design §3](docs/design.md#3-what-a-request-with-a-key-gets) and [§8](docs/design.md#8-mcp),
+//! without HTTP).
 //!
 //! Every refusal is a tool error result (`isError: true`) whose text tells the model what
 //! happened and what to do, with a machine-readable `_meta.idem.problem` naming the same
@@ -10,7 +12,7 @@
 //! What is kept, and why:
 //! - a result the upstream returned, `isError: true` included: the tool ran, and whatever it
 //!   did before failing may have happened; replaying it is the only answer that cannot repeat
-//!   an effect (DESIGN §4: 5xx responses are kept too);
+//!   an effect ([design §4](docs/design.md#4-which-results-are-kept): 5xx responses are kept too);
 //! - a JSON-RPC error from the upstream is kept and replayed as the same error, except the
 //!   codes that say the call was refused before the tool ran (parse error, invalid request,
 //!   method not found, invalid params): those release the key, as validation failures record

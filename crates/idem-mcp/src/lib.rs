@@ -1,4 +1,5 @@
-//! idem's MCP proxy: makes any MCP server's side-effecting tools safe to retry (DESIGN §7, §8).
+//! idem's MCP proxy: makes any MCP server's side-effecting tools safe to retry
+//! ([design §7](docs/design.md#7-the-runtime-side), [§8](docs/design.md#8-mcp)).
 //!
 //! MCP has no idempotency key. The proxy sits in front of an MCP server, in the server's own
 //! trust domain, and adds one: each effect tool gets a required `idempotency_key` argument, and

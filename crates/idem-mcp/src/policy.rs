@@ -1,9 +1,9 @@
 //! Which tools need a key, and how their keys behave: classification from MCP annotations
-//! (DESIGN §7) with per-tool overrides from a TOML file.
+//! ([design §7](docs/design.md#7-the-runtime-side)) with per-tool overrides from a TOML file.
 //!
 //! ```toml
-//! scope = "mcp"              # the scope of stdio callers (DESIGN §8); default "mcp"
-//! scope_headers = ["authorization"]   # over HTTP: the headers naming the caller
+//! scope = "mcp"              # the scope of stdio callers ([design §8](docs/design.md#8-mcp));
+//! default "mcp" scope_headers = ["authorization"]   # over HTTP: the headers naming the caller
 //!
 //! [defaults]                 # every effect tool, unless its own table says otherwise
 //! retention = "24h"          # how long a result is replayed, from completion

@@ -31,7 +31,7 @@ use crate::call::{Forwarded, Guard, refusal};
 use crate::policy::Policies;
 use crate::schema::{KEY_ARG, KeyArg, declares_key, take_key, with_key};
 
-/// Whose keys a call's are (DESIGN §8).
+/// Whose keys a call's are ([design §8](docs/design.md#8-mcp)).
 #[derive(Debug, Clone)]
 pub enum ScopeBy {
     /// One configured scope: over stdio the principal is not a process, so a runtime that
@@ -163,7 +163,8 @@ impl<S: Store + Clone> Proxy<S> {
             }
             Err(e) => tracing::warn!(error = %e, "cannot list the upstream's tools"),
         }
-        // A tool the upstream does not list is an effect (DESIGN §7): fail closed.
+        // A tool the upstream does not list is an effect
+        // ([design §7](docs/design.md#7-the-runtime-side)): fail closed.
         self.lookup(name).unwrap_or(Known {
             class: self
                 .policies

@@ -2,16 +2,17 @@
 //! read and removed from a `tools/call`'s arguments before they go upstream.
 //!
 //! The model sees a required string property and a sentence telling it to pass the same key
-//! when it retries the same intent (DESIGN §7: the key travels as a tool argument so it
-//! survives logging and replay). The upstream server never sees a property it did not declare;
-//! one that declares `idempotency_key` itself (it dedups on its own) gets it forwarded.
+//! when it retries the same intent ([design §7](docs/design.md#7-the-runtime-side): the key travels
+//! as a tool argument so it survives logging and replay). The upstream server never sees a property
+//! it did not declare; one that declares `idempotency_key` itself (it dedups on its own) gets it
+//! forwarded.
 
 use std::sync::Arc;
 
 use rmcp::model::{JsonObject, Tool};
 use serde_json::{Value, json};
 
-/// The argument's name (DESIGN §1).
+/// The argument's name ([design §1](docs/design.md#1-words)).
 pub const KEY_ARG: &str = "idempotency_key";
 
 /// The sentence appended to an effect tool's description.
@@ -108,7 +109,8 @@ pub fn take_key(
         )),
     };
     // An upstream that declares the key gets it however it came (argument or `_meta`): it
-    // may dedup by it itself, which is what makes `on_unknown = "retry"` safe (DESIGN §5).
+    // may dedup by it itself, which is what makes `on_unknown = "retry"` safe
+    // ([design §5](docs/design.md#5-unknown-outcomes)).
     let forward = match &key {
         KeyArg::Present(k) if upstream_declares => {
             let mut f = args.clone();

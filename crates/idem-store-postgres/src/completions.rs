@@ -1,10 +1,10 @@
 //! Completions: the fenced write that stores a result, batched.
 //!
-//! A completion goes to the pool whose commits do not wait for the disk (DESIGN §9), and
-//! concurrent ones share a statement through [`crate::batch::Batcher`]. A completion the
-//! statement refused, or one whose statement failed, runs alone: alone it either commits or
-//! reads back why it was refused. The transactional mode runs the single-key statement inside
-//! a service's transaction.
+//! A completion goes to the pool whose commits do not wait for the disk
+//! ([design §9](docs/design.md#9-performance-shape)), and concurrent ones share a statement through
+//! [`crate::batch::Batcher`]. A completion the statement refused, or one whose statement failed,
+//! runs alone: alone it either commits or reads back why it was refused. The transactional mode
+//! runs the single-key statement inside a service's transaction.
 
 use std::collections::HashMap;
 

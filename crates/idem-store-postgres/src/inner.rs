@@ -22,10 +22,10 @@ use crate::sql::{Sql, now_of, record_of, unavailable, unavailable_because};
 pub(crate) struct Inner {
     pub(crate) pool: Pool,
     /// Connections whose commits do not wait for the disk and whose statements are planned
-    /// per execution: for completions, releases, extends, replay counts and purges. DESIGN
-    /// §9: a completion may be written asynchronously if before the lease could end; the
-    /// WAL writer flushes within a second, leases last tens of seconds. A claim is never
-    /// sent here: it must be durable before the effect runs.
+    /// per execution: for completions, releases, extends, replay counts and purges.
+    /// [design §9](docs/design.md#9-performance-shape) : a completion may be written asynchronously
+    /// if before the lease could end; the WAL writer flushes within a second, leases last tens of
+    /// seconds. A claim is never sent here: it must be durable before the effect runs.
     after_commit: Pool,
     pub(crate) sql: Sql,
     pub(crate) schema: String,

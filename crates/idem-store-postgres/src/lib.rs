@@ -4,7 +4,8 @@
 //! statement that PostgreSQL's unique index makes atomic, every later write is fenced by the
 //! lease's token, and time can come from the database so the instances agree on one clock.
 //! [`PgStore::claim_in`] and [`PgStore::complete_in`] run inside a transaction of the
-//! service's own, so its side effect and the record commit together (DESIGN §5).
+//! service's own, so its side effect and the record commit together
+//! ([design §5](docs/design.md#5-unknown-outcomes)).
 //!
 //! ```text
 //! postgres://user@host:5432/db?schema=idem

@@ -3,7 +3,7 @@
 //! A replay is the hot path and otherwise reads only. Counting each one with its own UPDATE
 //! would make every replay a write; the counts are kept in memory and added by one
 //! statement every [`FLUSH_EVERY`]. A crash loses at most that long of counting, never a
-//! result (the count is for operators, DESIGN §2).
+//! result (the count is for operators, [design §2](docs/design.md#2-the-records-life)).
 //!
 //! This module only counts. The tally lives in the store's shared state, and the task that
 //! writes it (`replay_writer`) needs that state; kept apart, neither module points back.

@@ -38,12 +38,12 @@ impl Sql {
     pub(crate) fn new(schema: &str) -> Self {
         let t = format!("{schema}.records");
         Sql {
-            // One statement (DESIGN: the claim is atomic). `cur` reads what is there in the
-            // statement's snapshot; the INSERT runs only when that is absent, expired, or an
-            // abandoned record the retry policy may take over, so a replay writes nothing.
-            // The unique index settles racing inserts, and ON CONFLICT re-checks the
-            // takeover condition against the newest committed row. When a race leaves the
-            // snapshot behind the row, the statement returns no row or a row whose state
+            // One statement ([design §2](docs/design.md#2-the-records-life): the claim is atomic).
+            // `cur` reads what is there in the statement's snapshot; the INSERT runs only when that
+            // is absent, expired, or an abandoned record the retry policy may take over, so a
+            // replay writes nothing. The unique index settles racing inserts, and ON CONFLICT
+            // re-checks the takeover condition against the newest committed row. When a race leaves
+            // the snapshot behind the row, the statement returns no row or a row whose state
             // says "acquire" without `acquired`, and the caller runs it again on a fresh
             // snapshot.
             // One statement for any number of claims (one request, or a batch of

@@ -1,4 +1,5 @@
-//! The transactional mode (DESIGN §5): the record and the side effect commit together.
+//! The transactional mode ([design §5](docs/design.md#5-unknown-outcomes)): the record and the side
+//! effect commit together.
 //!
 //! A service that keeps its own data in the same PostgreSQL database claims the key inside
 //! its own transaction, runs its effect there, stores the result there, and commits once.

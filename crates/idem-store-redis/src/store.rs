@@ -35,8 +35,8 @@ struct Inner {
     clock: Option<Arc<dyn Clock>>,
     op_timeout: Duration,
     scripts: Scripts,
-    /// What in the server's configuration breaks DESIGN §9 (claims durable before the
-    /// effect) or lets Redis evict records; read once at connect.
+    /// What in the server's configuration breaks [design §9](docs/design.md#9-performance-shape)
+    /// (claims durable before the effect) or lets Redis evict records; read once at connect.
     warnings: Vec<String>,
 }
 

@@ -1,11 +1,11 @@
 //! idem's embedded default store: one SQLite file, no server to install.
 //!
 //! # Durability without collapsing throughput
-//! A claim must be on disk before `claim` returns, because the side effect runs next (DESIGN
-//! §9). One fsync per claim caps a disk at a few thousand claims a second, so writes go through
-//! one writer thread that commits whatever has queued up while the previous commit was being
-//! synced: many concurrent claims, one transaction, one fsync (group commit). Nothing waits
-//! for a timer; a lone claim commits at once.
+//! A claim must be on disk before `claim` returns, because the side effect runs next
+//! ([design §9](docs/design.md#9-performance-shape) ). One fsync per claim caps a disk at a few
+//! thousand claims a second, so writes go through one writer thread that commits whatever has
+//! queued up while the previous commit was being synced: many concurrent claims, one transaction,
+//! one fsync (group commit). Nothing waits for a timer; a lone claim commits at once.
 //!
 //! Reads (`get`, and the first look of every `claim`) use their own connections and never wait
 //! for the writer: in WAL mode readers see the last commit. A claim that finds a completed

@@ -72,11 +72,12 @@ pub(crate) type ReplayTally = Arc<Mutex<HashMap<(Scope, Key, FencingToken), u32>
 impl Cmd {
     /// Whether the answer must wait for an fsync.
     ///
-    /// A claim must be durable before the side effect runs (DESIGN §9), and an operator's
-    /// resolution is a decision someone waits to see stick. A completion, release, extension,
-    /// purge or replay count is committed and visible before it is answered, but may be lost
-    /// in a power failure before the next fsync; the record then stays in flight and its lease
-    /// runs out into `abandoned` (DESIGN §6), so nothing executes twice.
+    /// A claim must be durable before the side effect runs
+    /// ([design §9](docs/design.md#9-performance-shape)), and an operator's resolution is a
+    /// decision someone waits to see stick. A completion, release, extension, purge or replay count
+    /// is committed and visible before it is answered, but may be lost in a power failure before
+    /// the next fsync; the record then stays in flight and its lease runs out into `abandoned`
+    /// ([design §6](docs/design.md#6-a-store-failure-fails-closed)), so nothing executes twice.
     pub(crate) fn needs_fsync(&self) -> bool {
         matches!(self, Cmd::Claim(_) | Cmd::Resolve { .. })
     }

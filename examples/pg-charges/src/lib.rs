@@ -1,4 +1,4 @@
-//! A payment service in idem's transactional mode (DESIGN §5).
+//! A payment service in idem's transactional mode ([design §5](docs/design.md#5-unknown-outcomes)).
 //!
 //! `POST /v1/charges` claims its Idempotency-Key, inserts the charge and stores the response
 //! in one PostgreSQL transaction. A crash anywhere before the commit rolls back the charge

@@ -1,4 +1,5 @@
-//! `idem key`: derive the key of an intent (DESIGN §7), as agent runtimes do.
+//! `idem key`: derive the key of an intent ([design §7](docs/design.md#7-the-runtime-side)), as
+//! agent runtimes do.
 
 use anyhow::{Context, Result, bail};
 

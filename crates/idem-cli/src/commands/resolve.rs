@@ -1,4 +1,5 @@
-//! `idem resolve`: an operator settles an abandoned record (DESIGN §5).
+//! `idem resolve`: an operator settles an abandoned record
+//! ([design §5](docs/design.md#5-unknown-outcomes)).
 
 use anyhow::{Context, Result, bail};
 use idem_core::{Clock, Resolution, Store, StoreError, StoredResponse, SystemClock};

@@ -1,11 +1,12 @@
 //! The engine: run a side effect at most once per (scope, key), over any [`Store`].
 //!
-//! This is DESIGN §3 and §4 without a protocol: claim the key; execute only when acquired;
-//! keep the lease alive while the effect runs; then store the result, release the key, or
-//! leave the outcome unknown, depending on what the effect reports. A duplicate of an
-//! execution in flight waits for it (up to the policy's bound), woken at once when the
-//! execution is in this process and polling the store when it is elsewhere; if the key comes
-//! free meanwhile, the duplicate executes with its own effect.
+//! This is [design §3](docs/design.md#3-what-a-request-with-a-key-gets) and
+//! [§4](docs/design.md#4-which-results-are-kept) without a protocol: claim the key; execute only
+//! when acquired; keep the lease alive while the effect runs; then store the result, release the
+//! key, or leave the outcome unknown, depending on what the effect reports. A duplicate of an
+//! execution in flight waits for it (up to the policy's bound), woken at once when the execution is
+//! in this process and polling the store when it is elsewhere; if the key comes free meanwhile, the
+//! duplicate executes with its own effect.
 //!
 //! This is the one claim loop in idem. The HTTP layer, the gateway, the MCP proxy and the
 //! language packages are adapters: they parse and fingerprint a request, call [`Engine::run`],
@@ -15,7 +16,8 @@
 //! # Cancel safety
 //! Dropping the future of [`Engine::run`] while the effect runs (a client hung up, a panic
 //! unwound through it) does not release the key: the effect may have happened. The heartbeat
-//! stops with it, the lease runs out, and the record reads as abandoned (DESIGN §5).
+//! stops with it, the lease runs out, and the record reads as abandoned
+//! ([design §5](docs/design.md#5-unknown-outcomes)).
 
 mod waiters;
 

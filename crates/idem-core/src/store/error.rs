@@ -6,8 +6,8 @@ pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
 /// Why a store call failed.
 ///
 /// Callers match on the variant: [`StoreError::Unavailable`] means "fail closed" (503, never
-/// execute, DESIGN §6); [`StoreError::Stale`] means this executor lost its lease and its result
-/// was not written.
+/// execute, [design §6](docs/design.md#6-a-store-failure-fails-closed)); [`StoreError::Stale`]
+/// means this executor lost its lease and its result was not written.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum StoreError {

@@ -30,12 +30,12 @@ use crate::key::Key;
 use crate::record::{FencingToken, Record, StoredResponse};
 use crate::scope::Scope;
 
-/// Default retention of completed records (DESIGN §2).
+/// Default retention of completed records ([design §2](docs/design.md#2-the-records-life)).
 pub const DEFAULT_RETENTION: Duration = Duration::from_secs(24 * 60 * 60);
 
-/// What to do with a claim of an abandoned record: what an unknown outcome gets (DESIGN §5).
-/// Configuration files write it `on_unknown = "reject"` or `"retry"`; every file refuses
-/// other words with the same message.
+/// What to do with a claim of an abandoned record: what an unknown outcome gets
+/// ([design §5](docs/design.md#5-unknown-outcomes)). Configuration files write it `on_unknown =
+/// "reject"` or `"retry"`; every file refuses other words with the same message.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Deserialize)]
 #[serde(try_from = "String")]
 pub enum AbandonedPolicy {
@@ -96,7 +96,8 @@ pub struct Lease {
     pub attempt: u32,
 }
 
-/// The answer to a claim (DESIGN §3, at the store level).
+/// The answer to a claim ([design §3](docs/design.md#3-what-a-request-with-a-key-gets), at the
+/// store level).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Claim {
     /// The key was absent (or expired, or abandoned under [`AbandonedPolicy::Retry`]): execute.
