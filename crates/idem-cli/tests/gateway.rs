@@ -192,8 +192,8 @@ async fn not_processed_statuses_and_refused_connections_release_the_key() {
     assert_eq!(up.0.load(Ordering::SeqCst), 4);
 
     // An upstream that refuses connections: 502, and nothing is recorded.
-    let dead = std::net::TcpListener::bind("127.0.0.1:0").unwrap_or_else(|e| panic!("{e}"));
-    let dead_addr = dead.local_addr().unwrap_or_else(|e| panic!("{e}"));
+    let dead = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let dead_addr = dead.local_addr().unwrap();
     drop(dead);
     let g = start_gateway(&format!("http://{dead_addr}"), "");
     let r = charge_with(&g, "refused", &[], BODY).await;
@@ -218,7 +218,7 @@ fn idem(args: &[&str], db: &Path) -> std::process::Output {
         .arg("--store")
         .arg(format!("sqlite:{}", db.display()))
         .output()
-        .unwrap_or_else(|e| panic!("{e}"))
+        .expect("run idem")
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -258,8 +258,7 @@ async fn an_upstream_timeout_is_an_unknown_outcome_until_an_operator_resolves_it
         "an abandoned record does not expire: {text}"
     );
     let body = g.db.with_file_name("resolved.json");
-    std::fs::write(&body, r#"{"charge_id":"ch_1","resolved":true}"#)
-        .unwrap_or_else(|e| panic!("{e}"));
+    std::fs::write(&body, r#"{"charge_id":"ch_1","resolved":true}"#).unwrap();
     let body_arg = body.display().to_string();
     let resolved = idem(
         &[
@@ -297,14 +296,11 @@ async fn sigterm_drains_in_flight_requests() {
     let in_flight = spawn_slow_charge(&g, "drain", 700);
     tokio::time::sleep(Duration::from_millis(200)).await;
     let pid = g.child.id().to_string();
-    let killed = Command::new("kill")
-        .args(["-TERM", &pid])
-        .status()
-        .unwrap_or_else(|e| panic!("{e}"));
+    let killed = Command::new("kill").args(["-TERM", &pid]).status().unwrap();
     assert!(killed.success());
-    let r = in_flight.await.unwrap_or_else(|e| panic!("{e}"));
+    let r = in_flight.await.unwrap();
     assert_eq!(r.status, 201, "the in-flight request was cut: {}", r.body);
-    let status = g.child.wait().unwrap_or_else(|e| panic!("{e}"));
+    let status = g.child.wait().unwrap();
     assert!(status.success(), "exit after SIGTERM: {status:?}");
     assert_eq!(up.0.load(Ordering::SeqCst), 1);
     // The result was stored before the gateway exited.

@@ -92,7 +92,7 @@ pub async fn stall(State(up): State<Upstream>) -> axum::response::Response {
         .status(201)
         .header("content-length", "100")
         .body(axum::body::Body::new(Stalls(false)))
-        .unwrap_or_else(|e| panic!("{e}"))
+        .expect("stalling response")
 }
 
 pub async fn start_upstream() -> (SocketAddr, Upstream) {
@@ -105,8 +105,8 @@ pub async fn start_upstream() -> (SocketAddr, Upstream) {
         .with_state(up.clone());
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
-        .unwrap_or_else(|e| panic!("{e}"));
-    let addr = listener.local_addr().unwrap_or_else(|e| panic!("{e}"));
+        .expect("bind the upstream");
+    let addr = listener.local_addr().expect("upstream address");
     tokio::spawn(async move {
         let _ = axum::serve(listener, app).await;
     });
@@ -169,11 +169,11 @@ fn spawn_gateway(
     file_size_kib: Option<u32>,
     store: Option<&str>,
 ) -> Gateway {
-    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let dir = tempfile::tempdir().expect("temporary directory");
     let db = dir.path().join("idem.db");
     let store = store.map_or_else(|| format!("sqlite:{}", db.display()), str::to_owned);
     let config = dir.path().join("idem.toml");
-    std::fs::write(&config, format!("{CONFIG}\n{extra_config}")).unwrap_or_else(|e| panic!("{e}"));
+    std::fs::write(&config, format!("{CONFIG}\n{extra_config}")).expect("write the gateway config");
     let mut command = match file_size_kib {
         None => Command::new(env!("CARGO_BIN_EXE_idem")),
         Some(kib) => {
@@ -205,12 +205,12 @@ fn spawn_gateway(
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())
         .spawn()
-        .unwrap_or_else(|e| panic!("spawn idem serve: {e}"));
-    let stdout = child.stdout.take().unwrap_or_else(|| panic!("no stdout"));
+        .expect("spawn idem serve");
+    let stdout = child.stdout.take().expect("no stdout");
     let mut line = String::new();
     BufReader::new(stdout)
         .read_line(&mut line)
-        .unwrap_or_else(|e| panic!("{e}"));
+        .expect("read the gateway's first line");
     // "idem serve: listening on A; admin on B; ..."
     let addr_after = |marker: &str| -> SocketAddr {
         let rest = line
@@ -271,7 +271,7 @@ pub async fn send(
     }
     let req = req
         .body(Full::new(Bytes::from(body.to_owned())))
-        .unwrap_or_else(|e| panic!("{e}"));
+        .expect("request");
     let resp = client()
         .request(req)
         .await
@@ -351,7 +351,7 @@ pub async fn storm(
         by_status: HashMap::new(),
     };
     for t in tasks {
-        let r = t.await.unwrap_or_else(|e| panic!("{e}"));
+        let r = t.await.expect("request task");
         *out.by_status.entry(r.status).or_default() += 1;
         if r.status == 201 {
             out.bodies.insert(r.body);
