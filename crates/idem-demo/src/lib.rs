@@ -2,8 +2,8 @@
 //!
 //! - [`api`]: an example payment API that is not idempotent (`idem example-api`).
 //! - [`link`]: a lossy link that loses responses after the far side acted.
-//! - [`run`]: the two runs (naive retries; keys at intent with the gateway in front) and the
-//!   report, with charges counted from the API's database.
+//! - [`run`](mod@run): the two runs (naive retries; keys at intent with the gateway in front)
+//!   and the report, with charges counted from the API's database.
 
 pub mod api;
 pub mod link;
