@@ -21,7 +21,7 @@ fn demo(dir: &Path, loss: &str) -> Value {
         ])
         .arg(dir)
         .output()
-        .unwrap_or_else(|e| panic!("{e}"));
+        .expect("run idem demo");
     assert!(
         out.status.success(),
         "demo failed: {}",
@@ -33,20 +33,20 @@ fn demo(dir: &Path, loss: &str) -> Value {
 
 /// (charges, duplicate charges) counted straight from a payment API database.
 fn recount(db: &Path) -> (u64, u64) {
-    let conn = rusqlite::Connection::open(db).unwrap_or_else(|e| panic!("{e}"));
+    let conn = rusqlite::Connection::open(db).expect("open the payment database");
     let (all, customers): (i64, i64) = conn
         .query_row(
             "SELECT count(*), count(DISTINCT customer_id) FROM charges",
             [],
             |r| Ok((r.get(0)?, r.get(1)?)),
         )
-        .unwrap_or_else(|e| panic!("{e}"));
+        .expect("count the charges");
     (all as u64, (all - customers) as u64)
 }
 
 #[test]
 fn with_losses_naive_retries_double_charge_and_keys_do_not() {
-    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let dir = tempfile::tempdir().unwrap();
     let r = demo(dir.path(), "0.3");
     let (naive, keyed) = (&r["naive"], &r["keyed"]);
     assert!(naive["duplicate_charges"].as_u64() > Some(0), "{r}");
@@ -69,7 +69,7 @@ fn with_losses_naive_retries_double_charge_and_keys_do_not() {
 
 #[test]
 fn without_losses_both_runs_charge_once_per_intent() {
-    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let dir = tempfile::tempdir().unwrap();
     let r = demo(dir.path(), "0");
     for run in ["naive", "keyed"] {
         assert_eq!(r[run]["charges"], 40, "{r}");
@@ -97,7 +97,7 @@ fn bad_flags_are_refused() {
             .arg("demo")
             .args(args)
             .output()
-            .unwrap_or_else(|e| panic!("{e}"));
+            .unwrap();
         assert!(!out.status.success(), "{args:?}");
         let err = String::from_utf8_lossy(&out.stderr);
         assert!(err.contains(want), "{args:?}: {err}");

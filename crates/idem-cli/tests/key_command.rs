@@ -8,7 +8,7 @@ fn idem_key(args: &[&str]) -> (bool, String, String) {
         .args(args)
         .env("IDEM_TEST_SECRET", "server-side secret")
         .output()
-        .unwrap_or_else(|e| panic!("{e}"));
+        .expect("run idem key");
     (
         o.status.success(),
         String::from_utf8_lossy(&o.stdout).trim().to_owned(),
@@ -32,9 +32,9 @@ fn prints_the_vector_keys() {
             env!("CARGO_MANIFEST_DIR"),
             "/../../docs/key-vectors.json"
         ))
-        .unwrap_or_else(|e| panic!("{e}")),
+        .unwrap(),
     )
-    .unwrap_or_else(|e| panic!("{e}"));
+    .unwrap();
     let want = |name: &str| {
         vectors["vectors"]
             .as_array()
@@ -54,9 +54,9 @@ fn prints_the_vector_keys() {
     let (_, out, _) = idem_key(&[&base[..], &["--args", args, "--ordinal", "1"]].concat());
     assert_eq!(out, want("ordinal 1 is another intent"));
     // From a file.
-    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("args.json");
-    std::fs::write(&file, args).unwrap_or_else(|e| panic!("{e}"));
+    std::fs::write(&file, args).unwrap();
     let at = format!("@{}", file.display());
     let (_, out, _) = idem_key(&[&base[..], &["--args", &at]].concat());
     assert_eq!(

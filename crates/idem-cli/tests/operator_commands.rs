@@ -16,7 +16,7 @@ fn idem(args: &[&str]) -> Output {
         .args(args)
         .env_remove("IDEM_STORE")
         .output()
-        .unwrap_or_else(|e| panic!("run idem: {e}"))
+        .expect("run idem")
 }
 
 fn stdout(o: &Output) -> String {
@@ -28,7 +28,7 @@ fn stderr(o: &Output) -> String {
 }
 
 fn k(s: &str) -> Key {
-    Key::new(s).unwrap_or_else(|e| panic!("{e}"))
+    Key::new(s).expect("test key")
 }
 
 fn req(key: &str, lease: Duration, retention: Duration) -> ClaimRequest {
@@ -53,9 +53,9 @@ fn seeded_store(dir: &Path) -> PathBuf {
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
-        .unwrap_or_else(|e| panic!("{e}"));
+        .expect("tokio runtime");
     rt.block_on(async {
-        let store = SqliteStore::open(&path).unwrap_or_else(|e| panic!("open: {e}"));
+        let store = SqliteStore::open(&path).expect("open");
         let hour = Duration::from_secs(3600);
         let Ok(Claim::Acquired(l)) = store.claim(req("done", hour, hour)).await else {
             panic!("claim done");
@@ -66,7 +66,7 @@ fn seeded_store(dir: &Path) -> PathBuf {
         store
             .complete(&Scope::anonymous(), &k("done"), l.token, resp)
             .await
-            .unwrap_or_else(|e| panic!("complete: {e}"));
+            .expect("complete");
         assert!(matches!(
             store.claim(req("done", hour, hour)).await,
             Ok(Claim::Completed(_))
@@ -92,7 +92,7 @@ fn seeded_store(dir: &Path) -> PathBuf {
                     StoredResponse::new(200, Vec::new()),
                 )
                 .await
-                .unwrap_or_else(|e| panic!("complete: {e}"));
+                .expect("complete");
         }
     });
     std::thread::sleep(Duration::from_millis(20));
@@ -101,7 +101,7 @@ fn seeded_store(dir: &Path) -> PathBuf {
 
 #[test]
 fn inspect_tells_a_completed_records_story() {
-    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let dir = tempfile::tempdir().unwrap();
     let db = seeded_store(dir.path());
     let url = format!("sqlite:{}", db.display());
     let o = idem(&["inspect", "--store", &url, "done"]);
@@ -120,8 +120,7 @@ fn inspect_tells_a_completed_records_story() {
     // The replay is counted after it is answered; allow the writer its moment.
     let o = idem(&["inspect", "--store", &url, "--json", "done"]);
     assert!(o.status.success(), "{}", stderr(&o));
-    let v: serde_json::Value =
-        serde_json::from_slice(&o.stdout).unwrap_or_else(|e| panic!("json: {e}"));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).expect("json");
     assert_eq!(v["state"], "completed");
     assert_eq!(v["replays"], 1);
     assert_eq!(v["response"]["status"], 201);
@@ -131,7 +130,7 @@ fn inspect_tells_a_completed_records_story() {
 
 #[test]
 fn resolve_settles_an_abandoned_record_and_refuses_others() {
-    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let dir = tempfile::tempdir().unwrap();
     let db = seeded_store(dir.path());
     let url = format!("sqlite:{}", db.display());
     let o = idem(&["inspect", "--store", &url, "lost"]);
@@ -146,8 +145,7 @@ fn resolve_settles_an_abandoned_record_and_refuses_others() {
     );
 
     let body = dir.path().join("body.json");
-    std::fs::write(&body, br#"{"charge_id":"ch_9","settled":true}"#)
-        .unwrap_or_else(|e| panic!("{e}"));
+    std::fs::write(&body, br#"{"charge_id":"ch_9","settled":true}"#).unwrap();
     let body_arg = body.display().to_string();
     let o = idem(&[
         "resolve",
@@ -167,13 +165,13 @@ fn resolve_settles_an_abandoned_record_and_refuses_others() {
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
-        .unwrap_or_else(|e| panic!("{e}"));
-    let store = SqliteStore::open(&db).unwrap_or_else(|e| panic!("open: {e}"));
+        .unwrap();
+    let store = SqliteStore::open(&db).expect("open");
     let hour = Duration::from_secs(3600);
     match rt.block_on(store.claim(req("lost", hour, hour))) {
         Ok(Claim::Completed(r)) => {
             assert_eq!(r.completed_by, Some(idem_core::CompletedBy::Operator));
-            let resp = r.response.unwrap_or_else(|| panic!("no response"));
+            let resp = r.response.expect("no response");
             assert_eq!(resp.status, 200);
             assert_eq!(
                 resp.headers,
@@ -190,7 +188,7 @@ fn resolve_settles_an_abandoned_record_and_refuses_others() {
 
 #[test]
 fn resolve_release_frees_the_key() {
-    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let dir = tempfile::tempdir().unwrap();
     let db = seeded_store(dir.path());
     let url = format!("sqlite:{}", db.display());
     let o = idem(&["resolve", "--store", &url, "lost", "--release"]);
@@ -206,7 +204,7 @@ fn resolve_release_frees_the_key() {
 
 #[test]
 fn gc_purges_expired_records_only() {
-    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let dir = tempfile::tempdir().unwrap();
     let db = seeded_store(dir.path());
     let url = format!("sqlite:{}", db.display());
     let o = idem(&["gc", "--store", &url, "--batch", "2"]);
@@ -219,7 +217,7 @@ fn gc_purges_expired_records_only() {
 
 #[test]
 fn bad_input_gets_a_precise_message_and_a_failing_exit() {
-    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let dir = tempfile::tempdir().unwrap();
     let db = seeded_store(dir.path());
     let url = format!("sqlite:{}", db.display());
     let missing = format!("sqlite:{}", dir.path().join("nope.db").display());
@@ -308,7 +306,7 @@ async fn operators_settle_an_abandoned_key<S: Store>(store: &S, url: &str) {
     let gone = store
         .get(&Scope::anonymous(), &k("stuck"))
         .await
-        .unwrap_or_else(|e| panic!("{e}"));
+        .expect("read the released key");
     assert!(gone.is_none(), "{gone:?}");
     let gc = idem(&["gc", "--store", url]);
     assert!(gc.status.success(), "{}", stderr(&gc));
@@ -337,16 +335,16 @@ async fn operator_commands_and_migrate_on_postgres() {
     }
     let store = idem_store_postgres::PgStore::connect_url(&url)
         .await
-        .unwrap_or_else(|e| panic!("{e}"));
+        .unwrap();
     operators_settle_an_abandoned_key(&store, &url).await;
     // A schema a newer idem wrote is refused, by every command.
-    let client = store.pool().get().await.unwrap_or_else(|e| panic!("{e}"));
+    let client = store.pool().get().await.unwrap();
     client
         .batch_execute(&format!(
             "INSERT INTO \"{schema}\".schema_version (version) VALUES (2)"
         ))
         .await
-        .unwrap_or_else(|e| panic!("{e}"));
+        .unwrap();
     let refused = idem(&["migrate", "--store", &url]);
     assert!(!refused.status.success());
     assert!(
@@ -370,7 +368,7 @@ async fn operator_commands_on_redis() {
     assert!(migrated.status.success(), "{}", stderr(&migrated));
     let store = idem_store_redis::RedisStore::connect_url(&url)
         .await
-        .unwrap_or_else(|e| panic!("{e}"));
+        .unwrap();
     operators_settle_an_abandoned_key(&store, &url).await;
     let _ = store.delete_all().await;
 }

@@ -27,10 +27,8 @@ struct Relay {
 
 impl Relay {
     async fn start(target: SocketAddr) -> Relay {
-        let listener = TcpListener::bind("127.0.0.1:0")
-            .await
-            .unwrap_or_else(|e| panic!("relay bind: {e}"));
-        let addr = listener.local_addr().unwrap_or_else(|e| panic!("{e}"));
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("relay bind");
+        let addr = listener.local_addr().expect("relay address");
         let up = Arc::new(AtomicBool::new(true));
         let links: Arc<Mutex<Vec<JoinHandle<()>>>> = Arc::default();
         let (up2, links2) = (up.clone(), links.clone());

@@ -44,11 +44,11 @@ impl Flaky {
             .script
             .lock()
             .map(|mut s| s.extend(script))
-            .unwrap_or_else(|e| panic!("{e}"));
+            .expect("script lock");
         let listener = TcpListener::bind("127.0.0.1:0")
             .await
-            .unwrap_or_else(|e| panic!("{e}"));
-        let addr = listener.local_addr().unwrap_or_else(|e| panic!("{e}"));
+            .expect("bind the scripted server");
+        let addr = listener.local_addr().expect("scripted server address");
         let f = flaky.clone();
         tokio::spawn(async move {
             while let Ok((conn, _)) = listener.accept().await {
@@ -105,7 +105,7 @@ impl Flaky {
                         body_key: body["idempotency_key"].as_str().map(str::to_owned),
                     })
                 })
-                .unwrap_or_else(|e| panic!("{e}"));
+                .expect("seen lock");
             let act = self
                 .script
                 .lock()
@@ -140,7 +140,7 @@ type Log = Arc<Mutex<Vec<Attempt>>>;
 
 fn client(addr: SocketAddr, retry: RetryPolicy) -> (ToolClient<HttpTransport>, Log) {
     let transport = HttpTransport::new(format!("http://{addr}/tools"), Duration::from_millis(300))
-        .unwrap_or_else(|e| panic!("{e}"));
+        .expect("HTTP transport");
     let log: Log = Arc::default();
     let l = log.clone();
     let c = ToolClient::new(transport)
@@ -187,16 +187,13 @@ async fn an_effect_sends_the_same_key_through_every_kind_of_failure() {
     let (addr, server) = Flaky::start(&script).await;
     let (c, log) = client(addr, generous());
     let it = intent(ToolPolicy::effect(Category::Money));
-    let want = c
-        .key_for(&it)
-        .unwrap_or_else(|e| panic!("{e}"))
-        .unwrap_or_else(|| panic!("no key"));
+    let want = c.key_for(&it).unwrap().expect("no key");
     assert_eq!(
         want.as_str(),
         "turn_9f3a-charge_card-dmg4hof5wdajf4ppiwf4n53dsjb5peby",
         "the published vector"
     );
-    let resp = c.call(&it).await.unwrap_or_else(|e| panic!("{e}"));
+    let resp = c.call(&it).await.unwrap();
     assert_eq!(resp.status, 200);
 
     let seen = server.seen();
@@ -322,8 +319,8 @@ async fn attempts_and_total_time_are_bounded() {
 
 #[tokio::test]
 async fn a_refused_connection_is_retried_even_without_a_key() {
-    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap_or_else(|e| panic!("{e}"));
-    let addr = closed.local_addr().unwrap_or_else(|e| panic!("{e}"));
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = closed.local_addr().unwrap();
     drop(closed);
     let retry = RetryPolicy {
         max_attempts: 4,

@@ -4,8 +4,8 @@
 //! - [`mcp_server`]: the same kind of service as an MCP server, whose `charge_card` is not
 //!   idempotent either (`idem example-mcp`), to put `idem mcp` in front of.
 //! - [`link`]: a lossy link that loses responses after the far side acted.
-//! - [`run`]: the two runs (naive retries; keys at intent with the gateway in front) and the
-//!   report, with charges counted from the API's database.
+//! - [`run`](mod@run): the two runs (naive retries; keys at intent with the gateway in front)
+//!   and the report, with charges counted from the API's database.
 
 pub mod api;
 pub mod link;

@@ -28,14 +28,14 @@ fn charge(customer: &str) -> Request<Body> {
         .body(Body::from(format!(
             r#"{{"customer_id":"{customer}","amount_cents":4900}}"#
         )))
-        .unwrap_or_else(|e| panic!("{e}"))
+        .expect("charge request")
 }
 
 #[tokio::test]
 async fn every_post_is_a_new_charge_and_the_list_shows_them() {
-    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let dir = tempfile::tempdir().unwrap();
     let db = dir.path().join("charges.db");
-    let app = idem_demo::api::router(idem_demo::api::open(&db).unwrap_or_else(|e| panic!("{e}")));
+    let app = idem_demo::api::router(idem_demo::api::open(&db).unwrap());
     let a = call(&app, charge("cus_1")).await;
     let b = call(&app, charge("cus_1")).await;
     call(&app, charge("cus_2")).await;
@@ -47,7 +47,7 @@ async fn every_post_is_a_new_charge_and_the_list_shows_them() {
         &app,
         Request::get("/v1/charges?customer=cus_1")
             .body(Body::empty())
-            .unwrap_or_else(|e| panic!("{e}")),
+            .unwrap(),
     )
     .await;
     let ids: Vec<&str> = list["data"]
@@ -57,7 +57,7 @@ async fn every_post_is_a_new_charge_and_the_list_shows_them() {
         .filter_map(|c| c["charge_id"].as_str())
         .collect();
     assert_eq!(ids, vec!["ch_1", "ch_2"]);
-    let counts = idem_demo::api::count(&db).unwrap_or_else(|e| panic!("{e}"));
+    let counts = idem_demo::api::count(&db).unwrap();
     assert_eq!(
         (
             counts.charges,

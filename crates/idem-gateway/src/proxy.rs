@@ -276,14 +276,8 @@ mod tests {
 
     #[test]
     fn targets_keep_path_query_and_prefix() {
-        let p = |up: &str| {
-            Proxy::new(
-                up.parse().unwrap_or_else(|e| panic!("{e}")),
-                Duration::from_secs(1),
-                String::new(),
-            )
-        };
-        let uri: Uri = "/v1/charges?x=1".parse().unwrap_or_else(|e| panic!("{e}"));
+        let p = |up: &str| Proxy::new(up.parse().unwrap(), Duration::from_secs(1), String::new());
+        let uri: Uri = "/v1/charges?x=1".parse().unwrap();
         let t = |proxy: Proxy| {
             proxy
                 .target(&uri)

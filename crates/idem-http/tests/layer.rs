@@ -62,7 +62,7 @@ async fn charge(State(count): State<Counter>, headers: HeaderMap, body: String) 
 }
 
 fn pattern(p: &str) -> PathPattern {
-    PathPattern::new(p).unwrap_or_else(|e| panic!("{e}"))
+    PathPattern::new(p).expect("path pattern")
 }
 
 fn config(policy: RoutePolicy) -> Config {
@@ -121,9 +121,7 @@ impl Got {
 }
 
 async fn send(app: &Router, req: http::request::Builder, body: &str) -> Got {
-    let req = req
-        .body(Body::from(body.to_owned()))
-        .unwrap_or_else(|e| panic!("{e}"));
+    let req = req.body(Body::from(body.to_owned())).expect("request");
     let resp = app
         .clone()
         .oneshot(req)
@@ -234,7 +232,7 @@ async fn malformed_keys_get_400_key_invalid_and_execute_nothing() {
     }
     let non_ascii = Request::post("/v1/charges").header(
         "idempotency-key",
-        http::HeaderValue::from_bytes("café".as_bytes()).unwrap_or_else(|e| panic!("{e}")),
+        http::HeaderValue::from_bytes("café".as_bytes()).unwrap(),
     );
     let r = send(&app, non_ascii, BODY).await;
     assert_eq!(r.problem_type(), "urn:idem:problem:key-invalid");
@@ -329,7 +327,7 @@ async fn a_duplicate_in_flight_gets_409_or_waits_for_the_result() {
         };
         tokio::time::sleep(Duration::from_millis(100)).await;
         let dup = send(&app, post_req("/v1/charges", Some("k"), BODY), BODY).await;
-        let first = slow.await.unwrap_or_else(|e| panic!("{e}"));
+        let first = slow.await.unwrap();
         if wait.is_none() {
             assert_eq!(dup.status, StatusCode::CONFLICT);
             assert_eq!(dup.problem_type(), "urn:idem:problem:in-flight");
@@ -463,9 +461,8 @@ async fn a_store_failure_fails_closed_with_503() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_hundred_concurrent_duplicates_execute_once_on_sqlite() {
-    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
-    let store = idem_store_sqlite::SqliteStore::open(dir.path().join("idem.db"))
-        .unwrap_or_else(|e| panic!("{e}"));
+    let dir = tempfile::tempdir().unwrap();
+    let store = idem_store_sqlite::SqliteStore::open(dir.path().join("idem.db")).unwrap();
     let (app, count) = app(store, RoutePolicy::requiring_key());
     let tasks: Vec<_> = (0..100)
         .map(|_| {
@@ -483,7 +480,7 @@ async fn a_hundred_concurrent_duplicates_execute_once_on_sqlite() {
     let mut bodies = std::collections::HashSet::new();
     let (mut executed, mut replayed, mut conflict) = (0, 0, 0);
     for t in tasks {
-        let r = t.await.unwrap_or_else(|e| panic!("{e}"));
+        let r = t.await.unwrap();
         match r.status {
             StatusCode::CREATED if r.replayed() => replayed += 1,
             StatusCode::CREATED => executed += 1,
@@ -522,7 +519,7 @@ async fn a_waiting_duplicate_executes_when_the_first_attempt_released_the_key() 
     };
     tokio::time::sleep(Duration::from_millis(100)).await;
     let dup = send(&app, post_req("/v1/charges", Some("k"), BODY), BODY).await;
-    let first = first.await.unwrap_or_else(|e| panic!("{e}"));
+    let first = first.await.unwrap();
     assert_eq!(first.status, StatusCode::SERVICE_UNAVAILABLE);
     assert_eq!(dup.status, StatusCode::CREATED, "{}", dup.body);
     assert!(!dup.replayed());

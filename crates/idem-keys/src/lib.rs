@@ -83,7 +83,7 @@ fn check_numbers(v: &Value) -> Result<(), DeriveError> {
     }
 }
 
-/// Parses JSON text for [`derive`]; integers beyond 2^53 are an error, not a rounding.
+/// Parses JSON text for [`derive()`]; integers beyond 2^53 are an error, not a rounding.
 pub fn parse_args(text: &str) -> Result<Value, DeriveError> {
     check_surrogates(text)?;
     let v: Value = serde_json::from_str(text).map_err(|e| DeriveError::NotJson(e.to_string()))?;

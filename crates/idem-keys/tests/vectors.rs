@@ -7,11 +7,9 @@ use serde_json::Value;
 fn every_vector_in_the_file() {
     let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../docs/key-vectors.json");
     let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{path}: {e}"));
-    let doc: Value = serde_json::from_str(&text).unwrap_or_else(|e| panic!("{e}"));
+    let doc: Value = serde_json::from_str(&text).unwrap();
     assert_eq!(doc["version"], idem_keys::VERSION);
-    let vectors = doc["vectors"]
-        .as_array()
-        .unwrap_or_else(|| panic!("no vectors"));
+    let vectors = doc["vectors"].as_array().expect("no vectors");
     assert!(vectors.len() >= 30, "only {} vectors", vectors.len());
     for v in vectors {
         let name = v["name"].as_str().unwrap_or_default();
@@ -26,7 +24,7 @@ fn every_vector_in_the_file() {
         let secret = v["secret_hex"].as_str().map(|h| {
             (0..h.len())
                 .step_by(2)
-                .map(|i| u8::from_str_radix(&h[i..i + 2], 16).unwrap_or_else(|e| panic!("{e}")))
+                .map(|i| u8::from_str_radix(&h[i..i + 2], 16).unwrap())
                 .collect::<Vec<u8>>()
         });
         let result = idem_keys::parse_args(&s("args_json")).and_then(|args| {

@@ -16,17 +16,14 @@ async fn warnings_match_the_servers_persistence_settings() {
             return;
         }
     };
-    let client = redis::Client::open("redis://127.0.0.1:6379").unwrap_or_else(|e| panic!("{e}"));
-    let mut con = client
-        .get_multiplexed_async_connection()
-        .await
-        .unwrap_or_else(|e| panic!("{e}"));
+    let client = redis::Client::open("redis://127.0.0.1:6379").unwrap();
+    let mut con = client.get_multiplexed_async_connection().await.unwrap();
     let appendonly: Vec<String> = redis::cmd("CONFIG")
         .arg("GET")
         .arg("appendonly")
         .query_async(&mut con)
         .await
-        .unwrap_or_else(|e| panic!("{e}"));
+        .unwrap();
     let warned = store
         .durability_warnings()
         .iter()

@@ -21,11 +21,11 @@ const RACE_TASKS: usize = 32;
 const CHILD_LEASE: Duration = Duration::from_secs(120);
 
 fn scope() -> Scope {
-    Scope::new("processes").unwrap_or_else(|e| panic!("{e}"))
+    Scope::new("processes").expect("test scope")
 }
 
 fn key(name: String) -> Key {
-    Key::new(name).unwrap_or_else(|e| panic!("{e}"))
+    Key::new(name).expect("test key")
 }
 
 fn fp(k: &Key) -> Fingerprint {
@@ -44,7 +44,7 @@ fn req(k: Key) -> ClaimRequest {
 }
 
 fn spawn_child(entry: &str, db: &Path, extra: &[(&str, String)]) -> Child {
-    let exe = std::env::current_exe().unwrap_or_else(|e| panic!("current_exe: {e}"));
+    let exe = std::env::current_exe().expect("current_exe");
     let mut cmd = Command::new(exe);
     cmd.args([
         "--ignored",
@@ -60,7 +60,7 @@ fn spawn_child(entry: &str, db: &Path, extra: &[(&str, String)]) -> Child {
     for (k, v) in extra {
         cmd.env(k, v);
     }
-    cmd.spawn().unwrap_or_else(|e| panic!("spawn child: {e}"))
+    cmd.spawn().expect("spawn child")
 }
 
 /// The text after `marker` in a child's output line. libtest prints `test child_x ... ` before
@@ -70,10 +70,9 @@ fn after<'a>(line: &'a str, marker: &str) -> Option<&'a str> {
 }
 
 fn child_db() -> PathBuf {
-    match std::env::var_os("IDEM_TEST_DB") {
-        Some(p) => PathBuf::from(p),
-        None => panic!("child entry run without IDEM_TEST_DB; it is started by the process tests"),
-    }
+    std::env::var_os("IDEM_TEST_DB")
+        .map(PathBuf::from)
+        .expect("child entry run without IDEM_TEST_DB; it is started by the process tests")
 }
 
 fn runtime() -> tokio::runtime::Runtime {
@@ -81,7 +80,7 @@ fn runtime() -> tokio::runtime::Runtime {
         .worker_threads(2)
         .enable_all()
         .build()
-        .unwrap_or_else(|e| panic!("runtime: {e}"))
+        .expect("runtime")
 }
 
 /// Child: opens the file, says `READY`, waits for a line on stdin, then claims every race key
@@ -91,7 +90,7 @@ fn runtime() -> tokio::runtime::Runtime {
 fn child_race() {
     let db = child_db();
     let rt = runtime();
-    let store = SqliteStore::open(&db).unwrap_or_else(|e| panic!("open: {e}"));
+    let store = SqliteStore::open(&db).expect("open");
     let pid = std::process::id();
     // The second child walks the keys from the other end, so the two meet in the middle
     // even when one starts late.
@@ -135,7 +134,7 @@ fn child_race() {
             .collect();
         let mut all = Vec::new();
         for t in tasks {
-            all.extend(t.await.unwrap_or_else(|e| panic!("task: {e}")));
+            all.extend(t.await.expect("task"));
         }
         all
     });
@@ -148,35 +147,33 @@ fn child_race() {
 /// acquired by exactly one of them, and the file holds that winner's result.
 #[test]
 fn two_processes_race_on_one_file() {
-    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let dir = tempfile::tempdir().unwrap();
     let db = dir.path().join("race.db");
     // Create the file first so the children race on claims, not on creating the schema.
-    drop(SqliteStore::open(&db).unwrap_or_else(|e| panic!("open: {e}")));
+    drop(SqliteStore::open(&db).expect("open"));
     let mut children: Vec<Child> = (0..2)
         .map(|i| spawn_child("child_race", &db, &[("IDEM_RACE_REVERSE", i.to_string())]))
         .collect();
     // Both children have opened the file before either starts, so they really race.
     let mut outputs: Vec<BufReader<std::process::ChildStdout>> = Vec::new();
     for child in &mut children {
-        let mut out = BufReader::new(child.stdout.take().unwrap_or_else(|| panic!("no stdout")));
+        let mut out = BufReader::new(child.stdout.take().expect("no stdout"));
         let mut line = String::new();
         while !line.contains("READY") {
             line.clear();
-            let n = out
-                .read_line(&mut line)
-                .unwrap_or_else(|e| panic!("read child: {e}"));
+            let n = out.read_line(&mut line).expect("read child");
             assert!(n > 0, "a child exited before it was ready");
         }
         outputs.push(out);
     }
     for child in &mut children {
-        let stdin = child.stdin.as_mut().unwrap_or_else(|| panic!("no stdin"));
-        writeln!(stdin, "GO").unwrap_or_else(|e| panic!("start child: {e}"));
+        let stdin = child.stdin.as_mut().expect("no stdin");
+        writeln!(stdin, "GO").expect("start child");
     }
     let mut winners: std::collections::HashMap<String, Vec<String>> = Default::default();
     for (mut child, out) in children.into_iter().zip(outputs) {
         for line in out.lines() {
-            let line = line.unwrap_or_else(|e| panic!("read child: {e}"));
+            let line = line.expect("read child");
             if let Some(rest) = after(&line, "WON ") {
                 let (pid, k) = rest
                     .split_once(' ')
@@ -187,7 +184,7 @@ fn two_processes_race_on_one_file() {
                     .push(pid.to_owned());
             }
         }
-        let status = child.wait().unwrap_or_else(|e| panic!("wait: {e}"));
+        let status = child.wait().expect("wait");
         assert!(status.success(), "a racing child failed: {status:?}");
     }
     let mut per_process: std::collections::BTreeMap<&str, usize> = Default::default();
@@ -204,12 +201,12 @@ fn two_processes_race_on_one_file() {
     );
     assert_eq!(winners.len(), RACE_KEYS, "every key is won");
     let rt = runtime();
-    let store = SqliteStore::open(&db).unwrap_or_else(|e| panic!("open: {e}"));
+    let store = SqliteStore::open(&db).expect("open");
     for (k, pids) in &winners {
         assert_eq!(pids.len(), 1, "{k} acquired by {pids:?}");
         let rec = rt
             .block_on(store.get(&scope(), &key(k.clone())))
-            .unwrap_or_else(|e| panic!("get: {e}"))
+            .expect("get")
             .unwrap_or_else(|| panic!("{k} missing"));
         assert_eq!(rec.attempts, 1);
         let body = rec.response.map(|r| r.body);
@@ -228,7 +225,7 @@ fn two_processes_race_on_one_file() {
 fn child_claim_until_killed() {
     let db = child_db();
     let rt = runtime();
-    let store = SqliteStore::open(&db).unwrap_or_else(|e| panic!("open: {e}"));
+    let store = SqliteStore::open(&db).expect("open");
     rt.block_on(async {
         let tasks: Vec<_> = (0..16)
             .map(|t| {
@@ -258,23 +255,23 @@ fn child_claim_until_killed() {
 /// acquired is in the file, in flight; once the lease ends, each reads as abandoned.
 #[test]
 fn sigkill_loses_no_acknowledged_claim() {
-    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let dir = tempfile::tempdir().unwrap();
     let db = dir.path().join("kill.db");
     let mut child = spawn_child("child_claim_until_killed", &db, &[]);
-    let stdout = child.stdout.take().unwrap_or_else(|| panic!("no stdout"));
+    let stdout = child.stdout.take().expect("no stdout");
     let mut claimed = Vec::new();
     for line in BufReader::new(stdout).lines() {
-        let line = line.unwrap_or_else(|e| panic!("read child: {e}"));
+        let line = line.expect("read child");
         if let Some(k) = after(&line, "CLAIMED ") {
             claimed.push(k.to_owned());
         }
         if claimed.len() == 500 {
             // std's kill() is SIGKILL on Unix: no destructor, no flush, no clean shutdown.
-            child.kill().unwrap_or_else(|e| panic!("kill: {e}"));
+            child.kill().expect("kill");
             break;
         }
     }
-    let status = child.wait().unwrap_or_else(|e| panic!("wait: {e}"));
+    let status = child.wait().expect("wait");
     assert!(!status.success(), "the child was killed, not finished");
     assert_eq!(
         claimed.len(),
@@ -288,14 +285,14 @@ fn sigkill_loses_no_acknowledged_claim() {
         clock: clock.clone() as Arc<dyn Clock>,
         ..SqliteOptions::default()
     };
-    let store = SqliteStore::open_with(&db, options).unwrap_or_else(|e| panic!("reopen: {e}"));
+    let store = SqliteStore::open_with(&db, options).expect("reopen");
     let rt = runtime();
     let read_all = |want: RecordState| {
         for k in &claimed {
             let k = key(k.clone());
             let rec = rt
                 .block_on(store.get(&scope(), &k))
-                .unwrap_or_else(|e| panic!("get: {e}"))
+                .expect("get")
                 .unwrap_or_else(|| panic!("acknowledged claim {k} was lost"));
             assert_eq!(rec.fingerprint, fp(&k));
             assert_eq!(rec.state(clock.now()), want, "{k}");

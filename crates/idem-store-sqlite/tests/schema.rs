@@ -6,29 +6,29 @@ use idem_store_sqlite::{SCHEMA_VERSION, SqliteStore};
 
 #[test]
 fn a_new_file_gets_the_current_schema_and_reopens() {
-    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("idem.db");
-    drop(SqliteStore::open(&path).unwrap_or_else(|e| panic!("create: {e}")));
-    drop(SqliteStore::open(&path).unwrap_or_else(|e| panic!("reopen: {e}")));
-    let conn = rusqlite::Connection::open(&path).unwrap_or_else(|e| panic!("{e}"));
+    drop(SqliteStore::open(&path).expect("create"));
+    drop(SqliteStore::open(&path).expect("reopen"));
+    let conn = rusqlite::Connection::open(&path).unwrap();
     let version: i64 = conn
         .query_row("PRAGMA user_version", [], |r| r.get(0))
-        .unwrap_or_else(|e| panic!("{e}"));
+        .unwrap();
     assert_eq!(version, SCHEMA_VERSION);
     let mode: String = conn
         .query_row("PRAGMA journal_mode", [], |r| r.get(0))
-        .unwrap_or_else(|e| panic!("{e}"));
+        .unwrap();
     assert_eq!(mode, "wal");
 }
 
 #[test]
 fn a_file_from_a_newer_idem_is_refused() {
-    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("idem.db");
-    drop(SqliteStore::open(&path).unwrap_or_else(|e| panic!("create: {e}")));
-    let conn = rusqlite::Connection::open(&path).unwrap_or_else(|e| panic!("{e}"));
+    drop(SqliteStore::open(&path).expect("create"));
+    let conn = rusqlite::Connection::open(&path).unwrap();
     conn.pragma_update(None, "user_version", SCHEMA_VERSION + 1)
-        .unwrap_or_else(|e| panic!("{e}"));
+        .unwrap();
     drop(conn);
     match SqliteStore::open(&path) {
         Err(StoreError::Corrupt(msg)) => {
@@ -44,14 +44,14 @@ fn a_file_from_a_newer_idem_is_refused() {
 
 #[test]
 fn a_file_that_is_not_a_database_is_refused() {
-    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("idem.db");
-    std::fs::write(&path, b"this is not a database, it is a shopping list: eggs, milk, more eggs, and some more words to fill a page header").unwrap_or_else(|e| panic!("{e}"));
+    std::fs::write(&path, b"this is not a database, it is a shopping list: eggs, milk, more eggs, and some more words to fill a page header").unwrap();
     match SqliteStore::open(&path) {
         Err(e @ StoreError::Unavailable(_)) => assert!(e.to_string().contains("idem.db"), "{e}"),
         other => panic!("expected a refusal, got {other:?}"),
     }
-    let after = std::fs::read(&path).unwrap_or_else(|e| panic!("{e}"));
+    let after = std::fs::read(&path).unwrap();
     assert!(
         after.starts_with(b"this is not a database"),
         "the file was changed"

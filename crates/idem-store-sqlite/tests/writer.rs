@@ -14,7 +14,7 @@ use idem_store_sqlite::{SqliteOptions, SqliteStore};
 fn req(k: &str, lease: Duration, on_abandoned: AbandonedPolicy) -> ClaimRequest {
     ClaimRequest {
         scope: Scope::anonymous(),
-        key: Key::new(k).unwrap_or_else(|e| panic!("{e}")),
+        key: Key::new(k).expect("test key"),
         fingerprint: Fingerprint::http("POST", "/x", None, b""),
         lease,
         retention: Duration::from_secs(3600),
@@ -28,12 +28,12 @@ fn hold_lock(path: PathBuf) -> (std::sync::mpsc::Sender<()>, std::thread::JoinHa
     let (held_tx, held) = std::sync::mpsc::channel();
     let (release, released) = std::sync::mpsc::channel::<()>();
     let h = std::thread::spawn(move || {
-        let c = rusqlite::Connection::open(&path).unwrap_or_else(|e| panic!("{e}"));
+        let c = rusqlite::Connection::open(&path).expect("open a second connection");
         c.execute_batch("BEGIN IMMEDIATE")
-            .unwrap_or_else(|e| panic!("{e}"));
+            .expect("take the write lock");
         let _ = held_tx.send(());
         let _ = released.recv();
-        c.execute_batch("COMMIT").unwrap_or_else(|e| panic!("{e}"));
+        c.execute_batch("COMMIT").expect("commit");
     });
     let _ = held.recv();
     (release, h)
@@ -41,8 +41,8 @@ fn hold_lock(path: PathBuf) -> (std::sync::mpsc::Sender<()>, std::thread::JoinHa
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_claim_is_committed_under_fsync() {
-    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
-    let store = SqliteStore::open(dir.path().join("idem.db")).unwrap_or_else(|e| panic!("{e}"));
+    let dir = tempfile::tempdir().unwrap();
+    let store = SqliteStore::open(dir.path().join("idem.db")).unwrap();
     let tasks: Vec<_> = (0..200)
         .map(|i| {
             let store = store.clone();
@@ -65,12 +65,12 @@ async fn every_claim_is_committed_under_fsync() {
                         idem_core::StoredResponse::new(200, "ok"),
                     )
                     .await
-                    .unwrap_or_else(|e| panic!("{e}"));
+                    .unwrap();
             })
         })
         .collect();
     for t in tasks {
-        t.await.unwrap_or_else(|e| panic!("{e}"));
+        t.await.unwrap();
     }
     let stats = store.writer_stats();
     assert_eq!(stats.claims_committed, 200, "{stats:?}");
@@ -84,10 +84,10 @@ async fn every_claim_is_committed_under_fsync() {
 /// for another process's lock is not handed a lease that is already over.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lease_starts_when_the_lock_is_held_not_before() {
-    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("idem.db");
-    let a = SqliteStore::open(&path).unwrap_or_else(|e| panic!("{e}"));
-    let b = SqliteStore::open(&path).unwrap_or_else(|e| panic!("{e}")); // another process
+    let a = SqliteStore::open(&path).unwrap();
+    let b = SqliteStore::open(&path).unwrap(); // another process
     let lease = Duration::from_millis(1000);
     let (release, locker) = hold_lock(path.clone());
     let claim = tokio::spawn({
@@ -97,7 +97,7 @@ async fn a_lease_starts_when_the_lock_is_held_not_before() {
     tokio::time::sleep(Duration::from_millis(1500)).await; // longer than the lease
     drop(release);
     let _ = locker.join();
-    let got = claim.await.unwrap_or_else(|e| panic!("{e}"));
+    let got = claim.await.unwrap();
     assert!(matches!(got, Ok(Claim::Acquired(_))), "{got:?}");
     let got_b = b.claim(req("k", lease, AbandonedPolicy::Retry)).await;
     assert!(
@@ -110,13 +110,13 @@ async fn a_lease_starts_when_the_lock_is_held_not_before() {
 /// together: the writer does not retry them one by one, each waiting out the timeout again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_locked_file_fails_a_batch_once() {
-    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("idem.db");
     let options = SqliteOptions {
         clock: Arc::new(SystemClock),
         busy_timeout: Duration::from_millis(300),
     };
-    let store = SqliteStore::open_with(&path, options).unwrap_or_else(|e| panic!("{e}"));
+    let store = SqliteStore::open_with(&path, options).unwrap();
     let (release, locker) = hold_lock(path.clone());
     let before = store.writer_stats().transactions;
     let tasks: Vec<_> = (0..20)
@@ -133,7 +133,7 @@ async fn a_locked_file_fails_a_batch_once() {
         })
         .collect();
     for t in tasks {
-        let r = t.await.unwrap_or_else(|e| panic!("{e}"));
+        let r = t.await.unwrap();
         assert!(matches!(r, Err(ref e) if e.is_unavailable()), "{r:?}");
     }
     drop(release);
@@ -150,9 +150,9 @@ async fn a_locked_file_fails_a_batch_once() {
 /// releases what it granted, so the key is free instead of turning abandoned.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_claim_whose_caller_went_away_is_released() {
-    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("idem.db");
-    let store = SqliteStore::open(&path).unwrap_or_else(|e| panic!("{e}"));
+    let store = SqliteStore::open(&path).unwrap();
     let (release, locker) = hold_lock(path.clone());
     let claim = tokio::spawn({
         let store = store.clone();
@@ -172,10 +172,7 @@ async fn a_claim_whose_caller_went_away_is_released() {
     for _ in 0..100 {
         last = Some(
             store
-                .get(
-                    &Scope::anonymous(),
-                    &Key::new("k").unwrap_or_else(|e| panic!("{e}")),
-                )
+                .get(&Scope::anonymous(), &Key::new("k").unwrap())
                 .await,
         );
         if matches!(last, Some(Ok(None))) && store.writer_stats().claims_committed == 1 {

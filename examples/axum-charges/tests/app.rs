@@ -12,7 +12,7 @@ async fn post(app: &axum::Router, key: &str) -> (u16, bool, serde_json::Value) {
         .header("idempotency-key", key)
         .header("content-type", "application/json")
         .body(Body::from(r#"{"customer_id":"cus_1","amount_cents":4900}"#))
-        .unwrap_or_else(|e| panic!("{e}"));
+        .expect("charge request");
     let resp = app
         .clone()
         .oneshot(req)
@@ -35,9 +35,8 @@ async fn post(app: &axum::Router, key: &str) -> (u16, bool, serde_json::Value) {
 
 #[tokio::test]
 async fn a_retried_charge_is_the_same_charge() {
-    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
-    let store = idem_store_sqlite::SqliteStore::open(dir.path().join("charges.db"))
-        .unwrap_or_else(|e| panic!("{e}"));
+    let dir = tempfile::tempdir().unwrap();
+    let store = idem_store_sqlite::SqliteStore::open(dir.path().join("charges.db")).unwrap();
     let ledger = Ledger::default();
     let app = app(store, ledger.clone());
     let (s1, r1, b1) = post(&app, "order-17").await;

@@ -32,15 +32,13 @@ fn start(db: &str, hold: bool) -> Server {
     if hold {
         cmd.args(["--hold-before-commit", "60s"]);
     }
-    let mut child = cmd
-        .spawn()
-        .unwrap_or_else(|e| panic!("spawn pg-charges: {e}"));
-    let stdout = child.stdout.take().unwrap_or_else(|| panic!("no stdout"));
+    let mut child = cmd.spawn().expect("spawn pg-charges");
+    let stdout = child.stdout.take().expect("no stdout");
     let mut lines = BufReader::new(stdout).lines();
     let first = lines
         .next()
         .and_then(Result::ok)
-        .unwrap_or_else(|| panic!("pg-charges printed nothing"));
+        .expect("pg-charges printed nothing");
     let addr = first
         .rsplit(' ')
         .next()
@@ -68,10 +66,10 @@ async fn charge(addr: &str, key: &str, body: &str) -> Result<(u16, bool, String)
 async fn charges(addr: &str) -> usize {
     let text = reqwest::get(format!("http://{addr}/v1/charges"))
         .await
-        .unwrap_or_else(|e| panic!("list: {e}"))
+        .expect("list")
         .text()
         .await
-        .unwrap_or_else(|e| panic!("list: {e}"));
+        .expect("list");
     let list: Vec<serde_json::Value> =
         serde_json::from_str(&text).unwrap_or_else(|e| panic!("{text}: {e}"));
     list.len()
@@ -99,7 +97,7 @@ async fn a_crash_between_effect_and_commit_leaves_neither() {
         let line = held.lines.next();
         (held, line)
     });
-    let (mut held, line) = line.await.unwrap_or_else(|e| panic!("{e}"));
+    let (mut held, line) = line.await.unwrap();
     assert!(
         line.and_then(Result::ok)
             .is_some_and(|l| l.contains("holding before commit")),
@@ -108,11 +106,11 @@ async fn a_crash_between_effect_and_commit_leaves_neither() {
     let killed = Command::new("kill")
         .args(["-KILL", &held.child.id().to_string()])
         .status()
-        .unwrap_or_else(|e| panic!("kill: {e}"));
+        .expect("kill");
     assert!(killed.success());
     let _ = held.child.wait();
     assert!(
-        request.await.unwrap_or_else(|e| panic!("{e}")).is_err(),
+        request.await.unwrap().is_err(),
         "the client got an answer from a killed server"
     );
 
@@ -123,24 +121,15 @@ async fn a_crash_between_effect_and_commit_leaves_neither() {
         0,
         "the charge survived the crash"
     );
-    let store = PgStore::connect_url(&db)
-        .await
-        .unwrap_or_else(|e| panic!("{e}"));
-    let key = Key::new("order-1").unwrap_or_else(|e| panic!("{e}"));
-    let rec = store
-        .get(&Scope::anonymous(), &key)
-        .await
-        .unwrap_or_else(|e| panic!("{e}"));
+    let store = PgStore::connect_url(&db).await.unwrap();
+    let key = Key::new("order-1").unwrap();
+    let rec = store.get(&Scope::anonymous(), &key).await.unwrap();
     assert!(rec.is_none(), "the record survived the crash: {rec:?}");
 
     // 3. The retry executes once; the next one replays it, byte for byte.
-    let first = charge(&server.addr, "order-1", BODY)
-        .await
-        .unwrap_or_else(|e| panic!("{e}"));
+    let first = charge(&server.addr, "order-1", BODY).await.unwrap();
     assert_eq!((first.0, first.1), (201, false), "{}", first.2);
-    let again = charge(&server.addr, "order-1", BODY)
-        .await
-        .unwrap_or_else(|e| panic!("{e}"));
+    let again = charge(&server.addr, "order-1", BODY).await.unwrap();
     assert_eq!((again.0, again.1, &again.2), (201, true, &first.2));
     let other = charge(
         &server.addr,
@@ -148,7 +137,7 @@ async fn a_crash_between_effect_and_commit_leaves_neither() {
         r#"{"customer_id":"cus_1","amount_cents":1}"#,
     )
     .await
-    .unwrap_or_else(|e| panic!("{e}"));
+    .unwrap();
     assert_eq!(other.0, 422, "{}", other.2);
     assert_eq!(charges(&server.addr).await, 1);
 
@@ -162,10 +151,7 @@ async fn a_crash_between_effect_and_commit_leaves_neither() {
         .collect();
     let mut bodies = std::collections::HashSet::new();
     for t in tasks {
-        let (status, _, body) = t
-            .await
-            .unwrap_or_else(|e| panic!("{e}"))
-            .unwrap_or_else(|e| panic!("{e}"));
+        let (status, _, body) = t.await.unwrap().unwrap();
         assert_eq!(status, 201, "{body}");
         bodies.insert(body);
     }
