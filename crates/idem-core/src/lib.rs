@@ -6,8 +6,9 @@
 //! - [`record`]: what a store keeps for one key; [`report`]: its story as JSON.
 //! - [`machine`]: the record's state machine ([design §2](docs/design.md#2-the-records-life),
 //!   [§3](docs/design.md#3-what-a-request-with-a-key-gets)), as pure functions.
-//! - [`store`]: the `Store` contract every backend implements, the in-memory backend, and
-//!   the metered wrapper the engine puts around every store.
+//! - [`store`]: the `Store` contract every backend implements, and the metered wrapper the
+//!   engine puts around every store.
+//! - [`memory`]: the in-memory backend, which applies [`machine`] under a lock per shard.
 //! - [`policy`]: tool classes and per-route or per-tool policy, validated once for every
 //!   configuration file.
 //! - [`engine`]: the one claim loop: run a side effect at most once per key, over any store,
@@ -29,6 +30,7 @@ pub mod engine;
 pub mod fingerprint;
 pub mod key;
 pub mod machine;
+pub mod memory;
 pub mod outcome;
 pub mod policy;
 pub mod problem;
@@ -41,12 +43,12 @@ pub use clock::{Clock, ManualClock, SystemClock, Timestamp};
 pub use engine::{Answer, Effect, Engine, Kept};
 pub use fingerprint::Fingerprint;
 pub use key::{Key, KeyError};
+pub use memory::MemoryStore;
 pub use outcome::Outcome;
 pub use policy::{Policy, PolicyError, ToolClass};
 pub use problem::ProblemType;
 pub use record::{CompletedBy, FencingToken, Record, RecordState, StoredBody, StoredResponse};
 pub use scope::{Scope, ScopeError};
-pub use store::memory::MemoryStore;
 pub use store::{
     AbandonedPolicy, Claim, ClaimRequest, DEFAULT_RETENTION, Lease, Resolution, Stale, Store,
     StoreError,

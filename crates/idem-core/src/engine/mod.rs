@@ -357,9 +357,9 @@ mod tests {
 
     use super::*;
     use crate::clock::{Clock, ManualClock, Timestamp};
+    use crate::memory::MemoryStore;
     use crate::record::Record;
     use crate::record::RecordState;
-    use crate::store::memory::MemoryStore;
     use crate::store::{AbandonedPolicy, Claim, ClaimRequest};
 
     fn setup() -> (Engine<MemoryStore>, Arc<ManualClock>) {

@@ -15,7 +15,6 @@
 
 pub mod columns;
 mod error;
-pub mod memory;
 mod metered;
 
 use std::future::Future;
