@@ -40,7 +40,7 @@ pub mod scope;
 pub mod store;
 
 pub use clock::{Clock, ManualClock, SystemClock, Timestamp};
-pub use engine::{Answer, Effect, Engine, Kept};
+pub use engine::{Answer, Begun, Effect, Engine, Execution, Kept};
 pub use fingerprint::Fingerprint;
 pub use key::{Key, KeyError};
 pub use memory::MemoryStore;

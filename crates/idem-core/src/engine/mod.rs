@@ -163,24 +163,76 @@ impl<S: Store> Engine<S> {
         F: FnOnce() -> Fut,
         Fut: Future<Output = (Effect, T)>,
     {
-        let answer = match self.acquire(&scope, &key, fingerprint, policy).await {
-            Ok(Ok(lease)) => Ok(self.execute(&scope, &key, lease, policy, effect).await),
-            Ok(Err(refused)) => Ok(refused),
-            Err(e) => {
-                tracing::error!(error = %e, key = %key, scope = %scope, "store unavailable; not executed");
-                Outcome::StoreError.count();
-                Err(e)
-            }
-        };
-        if let Ok(a) = &answer {
-            a.outcome().count();
+        match self.acquire(&scope, &key, fingerprint, policy).await? {
+            Ok(lease) => Ok(self.execute(&scope, &key, lease, policy, effect).await),
+            Err(refused) => Ok(refused),
         }
-        answer
+    }
+
+    /// The first half of [`Engine::run`], for callers that must run the effect themselves,
+    /// outside the engine's future: a language binding whose function must run on the
+    /// caller's own thread. Claims (waiting for a duplicate in flight as `run` does) and
+    /// answers either the final answer, or an [`Execution`] that holds the lease, keeps it
+    /// alive from a task of its own, and is finished with what the effect reported.
+    ///
+    /// Needs a tokio runtime (the heartbeat is spawned on it). Dropping the execution without
+    /// finishing it stops the heartbeat: the lease runs out and the record reads as
+    /// abandoned, as when `run`'s future is dropped.
+    pub async fn begin<T>(
+        &self,
+        scope: Scope,
+        key: Key,
+        fingerprint: Fingerprint,
+        policy: &Policy,
+    ) -> Result<Begun<S, T>, StoreError>
+    where
+        S: Clone + Send + Sync + 'static,
+    {
+        let lease = match self.acquire(&scope, &key, fingerprint, policy).await? {
+            Ok(lease) => lease,
+            Err(refused) => return Ok(Begun::Answered(refused)),
+        };
+        let running = self.announce(&scope, &key, policy);
+        let beat = {
+            let (store, scope, key) = (self.store.clone(), scope.clone(), key.clone());
+            let (token, every) = (lease.token, policy.lease);
+            tokio::spawn(async move { heartbeat(&store, &scope, &key, token, every).await })
+        };
+        Ok(Begun::Execute(Execution {
+            engine: self.clone(),
+            scope,
+            key,
+            lease,
+            policy: policy.clone(),
+            beat,
+            running,
+        }))
     }
 
     /// Claims until the key is acquired or the answer is final: a duplicate of an in-flight
     /// execution waits (up to `policy.wait`) and claims again.
     async fn acquire<T>(
+        &self,
+        scope: &Scope,
+        key: &Key,
+        fingerprint: Fingerprint,
+        policy: &Policy,
+    ) -> Result<Result<Lease, Answer<T>>, StoreError> {
+        let got = self
+            .claim_until_final(scope, key, fingerprint, policy)
+            .await;
+        match &got {
+            Ok(Ok(_)) => {}
+            Ok(Err(refused)) => refused.outcome().count(),
+            Err(e) => {
+                tracing::error!(error = %e, key = %key, scope = %scope, "store unavailable; not executed");
+                Outcome::StoreError.count();
+            }
+        }
+        got
+    }
+
+    async fn claim_until_final<T>(
         &self,
         scope: &Scope,
         key: &Key,
@@ -239,17 +291,43 @@ impl<S: Store> Engine<S> {
         Fut: Future<Output = (Effect, T)>,
     {
         // Duplicates in this process wake when this guard drops: after the result is kept,
-        // not before. Only executions whose duplicates may wait are announced.
-        let _running = policy
+        // not before.
+        let _running = self.announce(scope, key, policy);
+        let mut effect = pin!(effect());
+        let beat = heartbeat(&self.store, scope, key, lease.token, policy.lease);
+        let (reported, value) = tokio::select! {
+            out = &mut effect => out,
+            // The heartbeat only ends when someone else holds the key: its result wins and
+            // ours will be refused; the effect still runs to its end.
+            () = beat => effect.await,
+        };
+        self.finish(scope, key, lease.token, policy, reported, value)
+            .await
+    }
+
+    /// Only executions whose duplicates may wait are announced to in-process waiters.
+    fn announce(&self, scope: &Scope, key: &Key, policy: &Policy) -> Option<Running> {
+        policy
             .wait
             .filter(|w| !w.is_zero())
-            .map(|_| self.waiters.executing(scope, key));
-        let (reported, value) = self
-            .with_heartbeat(scope, key, lease.token, policy.lease, effect())
-            .await;
-        match reported {
+            .map(|_| self.waiters.executing(scope, key))
+    }
+
+    /// Keeps what the effect reported: stores the result (or releases the key for a status
+    /// that means "not processed"), releases a key whose request was never sent, or marks an
+    /// unknown outcome abandoned.
+    async fn finish<T>(
+        &self,
+        scope: &Scope,
+        key: &Key,
+        token: FencingToken,
+        policy: &Policy,
+        reported: Effect,
+        value: T,
+    ) -> Answer<T> {
+        let answer = match reported {
             Effect::Done(response) => {
-                let kept = self.keep(scope, key, lease.token, policy, &response).await;
+                let kept = self.keep(scope, key, token, policy, &response).await;
                 if let Kept::Lost(e) = &kept {
                     metrics::counter!("idem_completions_lost_total").increment(1);
                     tracing::error!(error = %e, key = %key, scope = %scope, "executed, but the result was not stored; the key will read as abandoned");
@@ -261,7 +339,7 @@ impl<S: Store> Engine<S> {
                 }
             }
             Effect::NotSent => {
-                if let Err(e) = self.store.release(scope, key, lease.token).await {
+                if let Err(e) = self.store.release(scope, key, token).await {
                     tracing::warn!(error = %e, key = %key, "could not release a key whose request was never sent; it will read as abandoned");
                 }
                 Answer::NotSent(value)
@@ -270,16 +348,14 @@ impl<S: Store> Engine<S> {
                 metrics::counter!("idem_abandoned_records_total").increment(1);
                 tracing::warn!(key = %key, scope = %scope, "outcome unknown: the record is abandoned until resolved (idem inspect / idem resolve)");
                 // A lease of zero ends now: the record reads as abandoned from this moment.
-                if let Err(e) = self
-                    .store
-                    .extend(scope, key, lease.token, Duration::ZERO)
-                    .await
-                {
+                if let Err(e) = self.store.extend(scope, key, token, Duration::ZERO).await {
                     tracing::warn!(error = %e, key = %key, "could not mark an unknown outcome abandoned; it will be once its lease ends");
                 }
                 Answer::Unknown(value)
             }
-        }
+        };
+        answer.outcome().count();
+        answer
     }
 
     async fn keep(
@@ -302,36 +378,81 @@ impl<S: Store> Engine<S> {
             Err(e) => Kept::Lost(e),
         }
     }
+}
 
-    /// Polls `effect` to completion while a heartbeat extends the lease every third of it.
-    /// The two run side by side: a slow `extend` (a busy store) never pauses the effect.
-    async fn with_heartbeat<O>(
-        &self,
-        scope: &Scope,
-        key: &Key,
-        token: FencingToken,
-        lease: Duration,
-        effect: impl Future<Output = O>,
-    ) -> O {
-        let mut effect = pin!(effect);
-        let every = (lease / 3).max(Duration::from_millis(10));
-        let heartbeat = async {
-            loop {
-                tokio::time::sleep(every).await;
-                match self.store.extend(scope, key, token, lease).await {
-                    Ok(_) => {}
-                    // Someone else holds the key now (a takeover, an operator): its result
-                    // wins; ours will be refused when we try to store it. Stop beating.
-                    Err(e) if e.is_stale() => return,
-                    // The store is down: keep trying; the lease may still be saved.
-                    Err(e) => tracing::warn!(error = %e, key = %key, "heartbeat failed"),
-                }
-            }
-        };
-        tokio::select! {
-            out = &mut effect => out,
-            () = heartbeat => effect.await,
+/// Extends the lease every third of it for as long as it is polled; ends only when the key
+/// is someone else's now (a takeover, an operator), whose result wins. A slow `extend` (a
+/// busy store) never pauses the effect it runs beside. A store that is down is retried: the
+/// lease may still be saved.
+async fn heartbeat<S: Store>(
+    store: &S,
+    scope: &Scope,
+    key: &Key,
+    token: FencingToken,
+    lease: Duration,
+) {
+    let every = (lease / 3).max(Duration::from_millis(10));
+    loop {
+        tokio::time::sleep(every).await;
+        match store.extend(scope, key, token, lease).await {
+            Ok(_) => {}
+            Err(e) if e.is_stale() => return,
+            Err(e) => tracing::warn!(error = %e, key = %key, "heartbeat failed"),
         }
+    }
+}
+
+/// What [`Engine::begin`] came to.
+#[derive(Debug)]
+pub enum Begun<S, T> {
+    /// The key is this caller's: run the effect, then [`Execution::finish`].
+    Execute(Execution<S>),
+    /// Nothing to run: a replay, a conflict, a mismatch or an unknown outcome.
+    Answered(Answer<T>),
+}
+
+/// An acquired key whose effect the caller runs; see [`Engine::begin`].
+#[derive(Debug)]
+pub struct Execution<S> {
+    engine: Engine<S>,
+    scope: Scope,
+    key: Key,
+    lease: Lease,
+    policy: Policy,
+    beat: tokio::task::JoinHandle<()>,
+    running: Option<Running>,
+}
+
+impl<S: Store> Execution<S> {
+    /// The lease this execution holds.
+    pub const fn lease(&self) -> &Lease {
+        &self.lease
+    }
+
+    /// Keeps what the effect reported, as [`Engine::run`] does, and wakes the duplicates
+    /// waiting in this process.
+    pub async fn finish<T>(mut self, reported: Effect, value: T) -> Answer<T> {
+        self.beat.abort();
+        let answer = self
+            .engine
+            .finish(
+                &self.scope,
+                &self.key,
+                self.lease.token,
+                &self.policy,
+                reported,
+                value,
+            )
+            .await;
+        drop(self.running.take());
+        answer
+    }
+}
+
+impl<S> Drop for Execution<S> {
+    fn drop(&mut self) {
+        // Finished or abandoned by its caller: either way no heartbeat outlives it.
+        self.beat.abort();
     }
 }
 
@@ -750,5 +871,68 @@ mod tests {
         assert!(matches!(no_wait.await, Ok(Answer::InFlight(_))));
         let _ = tx.send(());
         assert_eq!(blocker.await.unwrap().unwrap(), Outcome::Executed);
+    }
+
+    /// `begin` and `finish` are `run` in two halves, for a binding whose function runs on
+    /// its own thread: the lease is kept alive meanwhile (past several leases), a duplicate
+    /// sees it in flight, `finish` stores the result for replays, and an execution dropped
+    /// unfinished leaves the key abandoned, never released.
+    #[tokio::test]
+    async fn begin_and_finish_are_run_in_two_halves() {
+        let engine = Engine::new(MemoryStore::new());
+        let p = Policy {
+            lease: Duration::from_millis(60),
+            ..Policy::default()
+        };
+        let begun = engine
+            .begin::<()>(Scope::anonymous(), k("b"), fp(1), &p)
+            .await
+            .unwrap();
+        let Begun::Execute(execution) = begun else {
+            panic!("{begun:?}")
+        };
+        assert_eq!(execution.lease().attempt, 1);
+        // The caller's function runs elsewhere, for well over one lease.
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let dup = engine
+            .begin::<()>(Scope::anonymous(), k("b"), fp(1), &p)
+            .await
+            .unwrap();
+        assert!(
+            matches!(dup, Begun::Answered(Answer::InFlight(_))),
+            "{dup:?}"
+        );
+        let done = execution
+            .finish(Effect::Done(StoredResponse::new(200, "ok")), 7)
+            .await;
+        assert!(matches!(
+            done,
+            Answer::Executed {
+                value: 7,
+                kept: Kept::Stored,
+                ..
+            }
+        ));
+        let again = engine
+            .begin::<()>(Scope::anonymous(), k("b"), fp(1), &p)
+            .await
+            .unwrap();
+        assert!(matches!(again, Begun::Answered(Answer::Replayed(_))));
+
+        let dropped = engine
+            .begin::<()>(Scope::anonymous(), k("d"), fp(1), &p)
+            .await
+            .unwrap();
+        assert!(matches!(dropped, Begun::Execute(_)));
+        drop(dropped);
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let after = engine
+            .begin::<()>(Scope::anonymous(), k("d"), fp(1), &p)
+            .await
+            .unwrap();
+        assert!(
+            matches!(after, Begun::Answered(Answer::Abandoned(_))),
+            "{after:?}"
+        );
     }
 }
