@@ -166,7 +166,7 @@ pub struct Settings {
     pub upstream: Uri,
     /// The store, parsed and checked here so that a mistyped URL is refused with the rest of
     /// the configuration; the caller opens it (the gateway is generic over `Store`). Its
-    /// `Debug` hides passwords, as this struct's does.
+    /// `Debug` hides passwords (`admin_token` is not hidden: do not log `Settings`).
     pub store: StoreUrl,
     /// The layer's configuration.
     pub layer: idem_http::Config,
@@ -251,6 +251,14 @@ impl Settings {
         let upstream_timeout = file.timeouts.upstream.unwrap_or(Duration::from_secs(30));
         Policy::validate_upstream_timeout(upstream_timeout).context("timeouts.upstream")?;
         let lease = file.timeouts.lease.unwrap_or(Duration::from_secs(30));
+        // Checked here too, so the error names the setting the user wrote (the routes' check
+        // below would blame [defaults]).
+        Policy {
+            lease,
+            ..Policy::default()
+        }
+        .validate()
+        .context("timeouts.lease")?;
         let base = RoutePolicy {
             require_key: false,
             engine: Policy {
@@ -396,6 +404,11 @@ mod tests {
         assert!(err("").contains("no upstream"));
         assert!(err("upstream = \"ftp://x\"").contains("must look like http://host:port"));
         assert!(err("upstream = \"http://x:1\"\nbogus = 1").contains("unknown field"));
+        let short = err("upstream = \"http://x:1\"\n[timeouts]\nlease = \"500ms\"");
+        assert!(
+            short.starts_with("timeouts.lease: lease 500ms is under 1s"),
+            "{short}"
+        );
         assert!(
             err("upstream = \"http://x:1\"\n[[routes]]\nmethod = \"POST\"")
                 .contains("path is required")

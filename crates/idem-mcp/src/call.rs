@@ -91,7 +91,9 @@ impl<S: Store + Clone> Guard<S> {
     /// A guard over `store`.
     pub fn new(store: S) -> Self {
         Guard {
-            engine: Engine::new(store),
+            // A duplicate of a call running in another process re-reads the store this
+            // often: tool calls are slower than HTTP requests, so less often than the layer.
+            engine: Engine::new(store).with_poll_interval(Duration::from_millis(100)),
             tasks: TaskTracker::new(),
         }
     }
@@ -121,14 +123,17 @@ impl<S: Store + Clone> Guard<S> {
         F: FnOnce() -> Fut + Send + 'static,
         Fut: Future<Output = Forwarded> + Send + 'static,
     {
-        let task = self.tasks.spawn(self.clone().run(
+        // The tool's name goes with every log line of the engine about this call.
+        let span = tracing::info_span!("tool_call", tool);
+        let run = self.clone().run(
             tool.to_owned(),
             scope,
             key,
             fingerprint,
             policy.clone(),
             forward,
-        ));
+        );
+        let task = self.tasks.spawn(tracing::Instrument::instrument(run, span));
         match task.await {
             Ok(reply) => reply,
             Err(e) => {

@@ -152,7 +152,23 @@ impl StoreUrl {
 /// in a `password=` query parameter. For text that may not even parse as a store URL; a
 /// parsed [`StoreUrl`] already displays this way.
 pub fn redact(url: &str) -> String {
-    let url = match url.split_once('?') {
+    // The user part first, whatever it holds: a password may contain `/`, `?` or `:`, and a
+    // mistyped URL may have one slash or none. Everything between the scheme and the last
+    // `@` is user information; what follows its first `:` is masked. Masking too much (an
+    // `@` in a query value) is the safe mistake.
+    let url = match (url.split_once(':'), url.rfind('@')) {
+        (Some((scheme, rest)), Some(at)) if scheme.len() < at => {
+            let slashes = rest.len() - rest.trim_start_matches('/').len();
+            let start = scheme.len() + 1 + slashes;
+            let userinfo = url.get(start..at).unwrap_or("");
+            match userinfo.split_once(':') {
+                Some((user, _)) => format!("{}{user}:***{}", &url[..start], &url[at..]),
+                None => url.to_owned(),
+            }
+        }
+        _ => url.to_owned(),
+    };
+    match url.split_once('?') {
         Some((base, query)) => {
             let query: Vec<String> = query
                 .split('&')
@@ -163,20 +179,7 @@ pub fn redact(url: &str) -> String {
                 .collect();
             format!("{base}?{}", query.join("&"))
         }
-        None => url.to_owned(),
-    };
-    let url = url.as_str();
-    let Some((scheme, rest)) = url.split_once("://") else {
-        return url.to_owned();
-    };
-    let authority_end = rest.find(['/', '?']).unwrap_or(rest.len());
-    let (authority, tail) = rest.split_at(authority_end);
-    match authority.rsplit_once('@') {
-        Some((userinfo, host)) => match userinfo.split_once(':') {
-            Some((user, _)) => format!("{scheme}://{user}:***@{host}{tail}"),
-            None => url.to_owned(),
-        },
-        None => url.to_owned(),
+        None => url,
     }
 }
 
@@ -241,6 +244,27 @@ mod tests {
             .unwrap_or_default();
         assert!(!err.contains("s3cret"), "{err}");
         assert_eq!(redact("redis://h:6379"), "redis://h:6379");
+        // Passwords holding URL delimiters, and schemes written with one slash or none.
+        for (url, shown) in [
+            (
+                "postgres://idem:s3?cret@db/app",
+                "postgres://idem:***@db/app",
+            ),
+            (
+                "postgres://idem:s3/cret@db/app",
+                "postgres://idem:***@db/app",
+            ),
+            ("postgres:/idem:s3cret@db/app", "postgres:/idem:***@db/app"),
+            ("postgresql:idem:s3cret@db", "postgresql:idem:***@db"),
+            ("redis://:s3cret@h:6379/0", "redis://:***@h:6379/0"),
+        ] {
+            assert_eq!(redact(url), shown);
+            let err = url.parse::<StoreUrl>().err().map(|e| e.to_string());
+            let shown_parsed = url.parse::<StoreUrl>().map(|u| format!("{u} {u:?}"));
+            for text in [err.unwrap_or_default(), shown_parsed.unwrap_or_default()] {
+                assert!(!text.contains("s3"), "{url}: {text}");
+            }
+        }
         let url: StoreUrl = "postgres://idem@db/app?password=s3cret"
             .parse()
             .expect("parses");

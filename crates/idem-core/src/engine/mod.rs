@@ -27,6 +27,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use sha2::{Digest, Sha256};
+use tokio::sync::watch;
 use tokio::time::Instant;
 
 pub use self::waiters::{Running, Waiters};
@@ -175,9 +176,12 @@ impl<S: Store> Engine<S> {
     /// answers either the final answer, or an [`Execution`] that holds the lease, keeps it
     /// alive from a task of its own, and is finished with what the effect reported.
     ///
-    /// Needs a tokio runtime (the heartbeat is spawned on it). Dropping the execution without
-    /// finishing it stops the heartbeat: the lease runs out and the record reads as
-    /// abandoned, as when `run`'s future is dropped.
+    /// # Panics
+    /// Outside a multi-threaded tokio runtime (the heartbeat is spawned on it and must run
+    /// while the caller's function does), before anything is claimed.
+    ///
+    /// Dropping the execution without finishing it stops the heartbeat: the lease runs out
+    /// and the record reads as abandoned, as when `run`'s future is dropped.
     pub async fn begin<T>(
         &self,
         scope: Scope,
@@ -188,15 +192,29 @@ impl<S: Store> Engine<S> {
     where
         S: Clone + Send + Sync + 'static,
     {
+        // Checked before anything is claimed: on a current-thread runtime the heartbeat would
+        // run only while the caller polls the runtime, not while its function runs, and the
+        // lease would end under a live execution.
+        assert!(
+            matches!(
+                tokio::runtime::Handle::try_current().map(|h| h.runtime_flavor()),
+                Ok(tokio::runtime::RuntimeFlavor::MultiThread)
+            ),
+            "Engine::begin needs a multi-threaded tokio runtime, whose workers keep the lease \
+             alive while the caller's function runs"
+        );
         let lease = match self.acquire(&scope, &key, fingerprint, policy).await? {
             Ok(lease) => lease,
             Err(refused) => return Ok(Begun::Answered(refused)),
         };
         let running = self.announce(&scope, &key, policy);
+        let (stop, stopped) = watch::channel(false);
         let beat = {
             let (store, scope, key) = (self.store.clone(), scope.clone(), key.clone());
             let (token, every) = (lease.token, policy.lease);
-            tokio::spawn(async move { heartbeat(&store, &scope, &key, token, every).await })
+            tokio::spawn(
+                async move { heartbeat(&store, &scope, &key, token, every, stopped).await },
+            )
         };
         Ok(Begun::Execute(Execution {
             engine: self.clone(),
@@ -205,6 +223,7 @@ impl<S: Store> Engine<S> {
             lease,
             policy: policy.clone(),
             beat,
+            stop,
             running,
         }))
     }
@@ -294,13 +313,32 @@ impl<S: Store> Engine<S> {
         // not before.
         let _running = self.announce(scope, key, policy);
         let mut effect = pin!(effect());
-        let beat = heartbeat(&self.store, scope, key, lease.token, policy.lease);
+        let (stop, stopped) = watch::channel(false);
+        let mut beat = pin!(heartbeat(
+            &self.store,
+            scope,
+            key,
+            lease.token,
+            policy.lease,
+            stopped
+        ));
+        let mut beating = true;
         let (reported, value) = tokio::select! {
             out = &mut effect => out,
-            // The heartbeat only ends when someone else holds the key: its result wins and
-            // ours will be refused; the effect still runs to its end.
-            () = beat => effect.await,
+            // The heartbeat only ends by itself when someone else holds the key: its result
+            // wins and ours will be refused; the effect still runs to its end.
+            () = &mut beat => {
+                beating = false;
+                effect.await
+            }
         };
+        if beating {
+            // Stopped between extends, never in the middle of one: an extend already sent
+            // must land before the final write, or it could revive a record this execution
+            // is about to mark abandoned.
+            let _ = stop.send(true);
+            beat.await;
+        }
         self.finish(scope, key, lease.token, policy, reported, value)
             .await
     }
@@ -380,8 +418,9 @@ impl<S: Store> Engine<S> {
     }
 }
 
-/// Extends the lease every third of it for as long as it is polled; ends only when the key
-/// is someone else's now (a takeover, an operator), whose result wins. A slow `extend` (a
+/// Extends the lease every third of it until told to stop; ends by itself only when the key
+/// is someone else's now (a takeover, an operator), whose result wins. It stops only between
+/// extends, so no extend lands after the execution's final write. A slow `extend` (a
 /// busy store) never pauses the effect it runs beside. A store that is down is retried: the
 /// lease may still be saved.
 async fn heartbeat<S: Store>(
@@ -390,10 +429,15 @@ async fn heartbeat<S: Store>(
     key: &Key,
     token: FencingToken,
     lease: Duration,
+    mut stopped: watch::Receiver<bool>,
 ) {
     let every = (lease / 3).max(Duration::from_millis(10));
     loop {
-        tokio::time::sleep(every).await;
+        tokio::select! {
+            () = tokio::time::sleep(every) => {}
+            // Told to stop, or the execution is gone: stop between extends.
+            _ = stopped.wait_for(|stop| *stop) => return,
+        }
         match store.extend(scope, key, token, lease).await {
             Ok(_) => {}
             Err(e) if e.is_stale() => return,
@@ -420,6 +464,7 @@ pub struct Execution<S> {
     lease: Lease,
     policy: Policy,
     beat: tokio::task::JoinHandle<()>,
+    stop: watch::Sender<bool>,
     running: Option<Running>,
 }
 
@@ -432,7 +477,9 @@ impl<S: Store> Execution<S> {
     /// Keeps what the effect reported, as [`Engine::run`] does, and wakes the duplicates
     /// waiting in this process.
     pub async fn finish<T>(mut self, reported: Effect, value: T) -> Answer<T> {
-        self.beat.abort();
+        // Stopped between extends (see `Engine::execute`), then waited for.
+        let _ = self.stop.send(true);
+        let _ = (&mut self.beat).await;
         let answer = self
             .engine
             .finish(
@@ -477,7 +524,7 @@ mod tests {
     use std::sync::atomic::{AtomicU32, Ordering};
 
     use super::*;
-    use crate::clock::{Clock, ManualClock, Timestamp};
+    use crate::clock::{Clock, ManualClock, SystemClock, Timestamp};
     use crate::memory::MemoryStore;
     use crate::record::Record;
     use crate::record::RecordState;
@@ -877,7 +924,7 @@ mod tests {
     /// its own thread: the lease is kept alive meanwhile (past several leases), a duplicate
     /// sees it in flight, `finish` stores the result for replays, and an execution dropped
     /// unfinished leaves the key abandoned, never released.
-    #[tokio::test]
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn begin_and_finish_are_run_in_two_halves() {
         let engine = Engine::new(MemoryStore::new());
         let p = Policy {
@@ -934,5 +981,123 @@ mod tests {
             matches!(after, Begun::Answered(Answer::Abandoned(_))),
             "{after:?}"
         );
+    }
+    /// On a current-thread runtime the heartbeat could not run while the caller's function
+    /// does: `begin` refuses before it claims anything, so no key is left behind.
+    #[test]
+    fn begin_refuses_a_current_thread_runtime_before_claiming() {
+        let store = MemoryStore::new();
+        let engine = Engine::new(store.clone());
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let p = Policy::default();
+        let begun = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            rt.block_on(engine.begin::<()>(Scope::anonymous(), k("c"), fp(1), &p))
+        }));
+        assert!(begun.is_err());
+        let held = rt.block_on(store.get(&Scope::anonymous(), &k("c")));
+        assert!(matches!(held, Ok(None)), "{held:?}");
+    }
+
+    /// A store whose extends land some time after they are sent (a request already on the
+    /// wire to a server), even if the caller stops waiting.
+    #[derive(Clone)]
+    struct LateExtends(MemoryStore);
+
+    impl Store for LateExtends {
+        async fn claim(&self, r: ClaimRequest) -> Result<Claim, StoreError> {
+            self.0.claim(r).await
+        }
+        async fn complete(
+            &self,
+            s: &Scope,
+            k: &Key,
+            t: FencingToken,
+            r: StoredResponse,
+        ) -> Result<Record, StoreError> {
+            self.0.complete(s, k, t, r).await
+        }
+        async fn release(&self, s: &Scope, k: &Key, t: FencingToken) -> Result<(), StoreError> {
+            self.0.release(s, k, t).await
+        }
+        async fn extend(
+            &self,
+            s: &Scope,
+            k: &Key,
+            t: FencingToken,
+            l: Duration,
+        ) -> Result<Timestamp, StoreError> {
+            if l.is_zero() {
+                return self.0.extend(s, k, t, l).await;
+            }
+            let (inner, s, k) = (self.0.clone(), s.clone(), k.clone());
+            let sent = tokio::spawn(async move {
+                tokio::time::sleep(Duration::from_millis(200)).await;
+                inner.extend(&s, &k, t, l).await
+            });
+            sent.await
+                .unwrap_or_else(|e| Err(StoreError::Unavailable(e.to_string().into())))
+        }
+        async fn get(&self, s: &Scope, k: &Key) -> Result<Option<Record>, StoreError> {
+            self.0.get(s, k).await
+        }
+        async fn purge_expired(&self, n: usize) -> Result<usize, StoreError> {
+            self.0.purge_expired(n).await
+        }
+        async fn resolve(
+            &self,
+            s: &Scope,
+            k: &Key,
+            r: crate::store::Resolution,
+        ) -> Result<Option<Record>, StoreError> {
+            self.0.resolve(s, k, r).await
+        }
+    }
+
+    /// An unknown outcome stays abandoned: a heartbeat extend that was on the wire when the
+    /// effect ended lands before the engine marks the record abandoned, not after (where it
+    /// would revive the record as in flight, and a retry would get a conflict instead of
+    /// outcome-unknown). Both halves: `run`, and `begin` / `finish`. With correct code the
+    /// timing cannot make it fail; on a loaded machine it may miss a regression, not flake.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_late_heartbeat_never_revives_an_unknown_outcome() {
+        let store = MemoryStore::new();
+        let engine = Engine::new(LateExtends(store.clone()));
+        let p = Policy {
+            lease: Duration::from_millis(600),
+            ..Policy::default()
+        };
+        let state = |key: &'static str| {
+            let store = store.clone();
+            async move {
+                let rec = store.get(&Scope::anonymous(), &k(key)).await.unwrap();
+                rec.map(|r| r.state(SystemClock.now()))
+            }
+        };
+        // The first extend is sent at 200 ms and lands at 400 ms; the effect ends at 250 ms.
+        // Revived by it, the record would read in flight until 1000 ms: look at 550 ms.
+        let ran = engine.run(Scope::anonymous(), k("r"), fp(1), &p, || async {
+            tokio::time::sleep(Duration::from_millis(250)).await;
+            (Effect::Unknown, ())
+        });
+        assert!(matches!(ran.await, Ok(Answer::Unknown(()))));
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert_eq!(state("r").await, Some(RecordState::Abandoned));
+        let Begun::Execute(execution) = engine
+            .begin::<()>(Scope::anonymous(), k("b"), fp(1), &p)
+            .await
+            .unwrap()
+        else {
+            panic!("not acquired")
+        };
+        tokio::time::sleep(Duration::from_millis(250)).await;
+        assert!(matches!(
+            execution.finish(Effect::Unknown, ()).await,
+            Answer::Unknown(())
+        ));
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert_eq!(state("b").await, Some(RecordState::Abandoned));
     }
 }
