@@ -60,7 +60,7 @@ TOML
 IDEM_LOG=error $IDEM serve --listen 127.0.0.1:18003 --admin-listen 127.0.0.1:18013 --upstream http://127.0.0.1:18001 --store memory: --config "$WORK/idem.toml" >/dev/null &
 IDEM_LOG=error $IDEM serve --listen 127.0.0.1:18004 --admin-listen 127.0.0.1:18014 --upstream http://127.0.0.1:18001 --store "sqlite:$WORK/idem.db" --config "$WORK/idem.toml" >/dev/null &
 IDEM_LOG=error $IDEM serve --listen 127.0.0.1:18005 --admin-listen 127.0.0.1:18015 --upstream http://127.0.0.1:18001 --store "$PG?schema=idem_bench_gw" --config "$WORK/idem.toml" >/dev/null &
-IDEM_LOG=error $IDEM serve --listen 127.0.0.1:18006 --admin-listen 127.0.0.1:18016 --upstream http://127.0.0.1:18001 --store "redis://127.0.0.1:6379/?prefix=idem-bench-gw" --config "$WORK/idem.toml" >/dev/null &
+IDEM_LOG=error $IDEM serve --listen 127.0.0.1:18006 --admin-listen 127.0.0.1:18016 --upstream http://127.0.0.1:18001 --store "redis://127.0.0.1:6379/?prefix=idem-bench-gw&durability=volatile" --config "$WORK/idem.toml" >/dev/null &
 sleep 2
 
 BODY='{"customer_id":"cus_8g2k","amount_cents":4900}'

@@ -363,7 +363,9 @@ async fn operator_commands_on_redis() {
         return;
     }
     let prefix = format!("idem-ops-{:016x}", rand::random::<u64>());
-    let url = format!("redis://127.0.0.1:6379/?prefix={prefix}");
+    // The test server runs without persistence, which idem refuses unless told (see
+    // `migrate_refuses_a_redis_that_can_lose_claims`).
+    let url = format!("redis://127.0.0.1:6379/?prefix={prefix}&durability=volatile");
     let migrated = idem(&["migrate", "--store", &url]);
     assert!(migrated.status.success(), "{}", stderr(&migrated));
     let store = idem_store_redis::RedisStore::connect_url(&url)
@@ -371,4 +373,49 @@ async fn operator_commands_on_redis() {
         .unwrap();
     operators_settle_an_abandoned_key(&store, &url).await;
     let _ = store.delete_all().await;
+}
+
+/// `idem migrate` on a Redis that can lose claims (the test server: `appendonly no`) refuses,
+/// naming the setting to change and the opt-in; with `durability=volatile` it succeeds and
+/// prints what falls short as warnings.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn migrate_refuses_a_redis_that_can_lose_claims() {
+    let test = "migrate_refuses_a_redis_that_can_lose_claims";
+    if !idem_conformance::server_reachable(test, "Redis", "127.0.0.1:6379") {
+        return;
+    }
+    let client = redis::Client::open("redis://127.0.0.1:6379").unwrap();
+    let mut con = client.get_multiplexed_async_connection().await.unwrap();
+    let appendonly: Vec<String> = redis::cmd("CONFIG")
+        .arg("GET")
+        .arg("appendonly")
+        .query_async(&mut con)
+        .await
+        .unwrap();
+    if appendonly.get(1).map(String::as_str) == Some("yes") {
+        idem_conformance::skip(
+            test,
+            "this Redis persists with AOF; the refusal needs one that does not",
+        );
+        return;
+    }
+    let url = "redis://127.0.0.1:6379/?prefix=idem-migrate-refusal";
+    let refused = idem(&["migrate", "--store", url]);
+    assert!(!refused.status.success());
+    let err = stderr(&refused);
+    for part in [
+        "appendonly is no",
+        "appendonly yes",
+        "appendfsync always",
+        "durability=volatile",
+    ] {
+        assert!(
+            err.contains(part),
+            "the refusal does not name {part:?}: {err}"
+        );
+    }
+    let opted = idem(&["migrate", "--store", &format!("{url}&durability=volatile")]);
+    assert!(opted.status.success(), "{}", stderr(&opted));
+    let out = String::from_utf8_lossy(&opted.stdout);
+    assert!(out.contains("warning: appendonly is no"), "{out}");
 }

@@ -187,10 +187,14 @@ async fn two_gateways_on_redis() {
     };
     let relay = Relay::start(redis).await;
     let prefix = unique("idem-e2e-");
-    let store = format!("redis://{}/?prefix={prefix}", relay.addr);
+    // The test server runs without persistence, which idem refuses unless told.
+    let store = format!(
+        "redis://{}/?prefix={prefix}&durability=volatile",
+        relay.addr
+    );
     two_gateways_one_store(&store).await;
     outage_fails_closed_and_recovers(&store, &relay).await;
-    let direct = format!("redis://{redis}/?prefix={prefix}");
+    let direct = format!("redis://{redis}/?prefix={prefix}&durability=volatile");
     match idem_store_redis::RedisStore::connect_url(&direct).await {
         Ok(s) => {
             let _ = s.delete_all().await;

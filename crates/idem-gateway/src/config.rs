@@ -11,11 +11,13 @@
 //! max_body_bytes = 1048576          # request bodies are buffered to fingerprint them
 //! max_stored_body_bytes = 1048576   # larger responses are kept as a digest
 //! max_response_bytes = 67108864     # larger responses: 502 and outcome unknown
+//! max_connections = 10000           # more wait to be accepted (default: from RLIMIT_NOFILE)
 //!
 //! [timeouts]
 //! upstream = "30s"                  # sent but no answer by then: 504, outcome unknown
 //! shutdown = "10s"                  # SIGTERM: how long in-flight requests may finish
 //! lease = "30s"
+//! header_read = "10s"               # a request's headers must arrive within this
 //!
 //! [admin]
 //! listen = "127.0.0.1:9090"
@@ -86,6 +88,8 @@ pub struct Limits {
     pub max_stored_body_bytes: Option<usize>,
     /// The most of an upstream response buffered for a keyed request.
     pub max_response_bytes: Option<usize>,
+    /// Client connections served at once on the main listener; more wait to be accepted.
+    pub max_connections: Option<usize>,
 }
 
 /// `[timeouts]`.
@@ -101,6 +105,10 @@ pub struct Timeouts {
     /// Lease of a claim (extended while the upstream works).
     #[serde(default, with = "humantime_serde")]
     pub lease: Option<Duration>,
+    /// How long a client has to send a request's headers, on a new connection or an idle
+    /// kept-alive one; then the connection is closed.
+    #[serde(default, with = "humantime_serde")]
+    pub header_read: Option<Duration>,
 }
 
 /// `[admin]`.
@@ -174,6 +182,11 @@ pub struct Settings {
     pub upstream_timeout: Duration,
     /// How long shutdown waits for in-flight requests.
     pub shutdown_timeout: Duration,
+    /// How long a client has to send a request's headers (both listeners).
+    pub header_read_timeout: Duration,
+    /// Client connections served at once on the main listener; more wait in the kernel's
+    /// accept queue until one closes.
+    pub max_connections: usize,
     /// Admin listener address.
     pub admin_listen: SocketAddr,
     /// Bearer token for the admin listener, if any.
@@ -200,6 +213,34 @@ impl FileConfig {
                 path.display()
             )
         })
+    }
+}
+
+/// The default of `[timeouts] header_read`.
+pub const DEFAULT_HEADER_READ: Duration = Duration::from_secs(10);
+
+/// The most `[limits] max_connections` defaults to.
+pub const MAX_DEFAULT_CONNECTIONS: usize = 10_000;
+
+/// File descriptors kept for everything but client connections: listeners, the admin
+/// listener's connections, the store, logs.
+pub const RESERVED_FDS: u64 = 128;
+
+/// The default connection cap: what the process's file descriptor limit (`RLIMIT_NOFILE`,
+/// `ulimit -n`) leaves room for, at most [`MAX_DEFAULT_CONNECTIONS`]. Each client connection
+/// may hold an upstream connection too, so half of what is left after [`RESERVED_FDS`]; so
+/// a flood of connections waits at the cap instead of making `accept` fail with "too many
+/// open files" for everyone.
+pub fn default_max_connections() -> usize {
+    #[cfg(unix)]
+    let soft = rustix::process::getrlimit(rustix::process::Resource::Nofile).current;
+    #[cfg(not(unix))]
+    let soft: Option<u64> = None;
+    match soft {
+        Some(n) => usize::try_from(n.saturating_sub(RESERVED_FDS) / 2)
+            .unwrap_or(MAX_DEFAULT_CONNECTIONS)
+            .clamp(1, MAX_DEFAULT_CONNECTIONS),
+        None => MAX_DEFAULT_CONNECTIONS,
     }
 }
 
@@ -249,6 +290,15 @@ impl Settings {
             _ => bail!("upstream {upstream_text:?} must look like http://host:port"),
         }
         let upstream_timeout = file.timeouts.upstream.unwrap_or(Duration::from_secs(30));
+        let header_read_timeout = file.timeouts.header_read.unwrap_or(DEFAULT_HEADER_READ);
+        if header_read_timeout.is_zero() {
+            bail!("timeouts.header_read must be more than 0s (default {DEFAULT_HEADER_READ:?})");
+        }
+        let max_connections = match file.limits.max_connections {
+            Some(0) => bail!("limits.max_connections must be at least 1"),
+            Some(n) => n,
+            None => default_max_connections(),
+        };
         Policy::validate_upstream_timeout(upstream_timeout).context("timeouts.upstream")?;
         let lease = file.timeouts.lease.unwrap_or(Duration::from_secs(30));
         // Checked here too, so the error names the setting the user wrote (the routes' check
@@ -344,6 +394,8 @@ impl Settings {
             },
             upstream_timeout,
             shutdown_timeout: file.timeouts.shutdown.unwrap_or(Duration::from_secs(10)),
+            header_read_timeout,
+            max_connections,
             admin_listen: over.admin_listen.or(file.admin.listen).unwrap_or(loopback),
             admin_token,
             purge_interval: file.admin.purge_interval.unwrap_or(Duration::from_secs(60)),
@@ -396,6 +448,28 @@ mod tests {
                 .require_key
         );
         assert_eq!(s.store.to_string(), DEFAULT_STORE);
+        assert_eq!(s.header_read_timeout, DEFAULT_HEADER_READ);
+        assert_eq!(s.max_connections, default_max_connections());
+    }
+
+    #[test]
+    fn connection_limits_are_read_and_checked() {
+        let s = parse(
+            "upstream = \"http://x:1\"\n[limits]\nmax_connections = 7\n[timeouts]\nheader_read = \"1500ms\"",
+        )
+        .unwrap_or_else(|e| panic!("{e:#}"));
+        assert_eq!(s.max_connections, 7);
+        assert_eq!(s.header_read_timeout, Duration::from_millis(1500));
+        let err = |t: &str| parse(t).err().map(|e| format!("{e:#}")).unwrap_or_default();
+        assert!(
+            err("upstream = \"http://x:1\"\n[limits]\nmax_connections = 0").contains("at least 1")
+        );
+        assert!(
+            err("upstream = \"http://x:1\"\n[timeouts]\nheader_read = \"0s\"")
+                .contains("more than 0s")
+        );
+        let n = default_max_connections();
+        assert!((1..=MAX_DEFAULT_CONNECTIONS).contains(&n), "{n}");
     }
 
     #[test]

@@ -3,17 +3,20 @@
 
 use std::future::Future;
 use std::net::SocketAddr;
+use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context, Result};
 use hyper::body::Incoming;
-use hyper_util::rt::TokioIo;
+use hyper::server::conn::http1;
+use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::server::graceful::GracefulShutdown;
 use hyper_util::service::TowerToHyperService;
 use idem_core::Store;
 use idem_http::IdempotencyLayer;
 use metrics_exporter_prometheus::PrometheusHandle;
 use tokio::net::TcpListener;
+use tokio::sync::Semaphore;
 use tower::{Layer, ServiceExt};
 
 use crate::config::Settings;
@@ -57,15 +60,31 @@ pub async fn serve<St: Store + Clone>(
     let service = layer.layer(proxy);
 
     let admin = crate::admin::router(store.clone(), metrics, settings.admin_token.clone());
+    let mut builder = http1::Builder::new();
+    builder
+        .timer(TokioTimer::new())
+        .header_read_timeout(settings.header_read_timeout);
     let (admin_stop, admin_stopped) = tokio::sync::oneshot::channel::<()>();
-    let admin_task = tokio::spawn(async move {
-        let served = axum::serve(admin_listener, admin)
-            .with_graceful_shutdown(async {
+    let admin_task = tokio::spawn({
+        let builder = builder.clone();
+        let drain = settings.shutdown_timeout;
+        async move {
+            let graceful = GracefulShutdown::new();
+            let admin = move |_| TowerToHyperService::new(admin.clone());
+            let stopped = async {
                 let _ = admin_stopped.await;
-            })
+            };
+            accept_loop(
+                "admin",
+                admin_listener,
+                ADMIN_MAX_CONNECTIONS,
+                &builder,
+                &graceful,
+                admin,
+                stopped,
+            )
             .await;
-        if let Err(e) = served {
-            tracing::error!(error = %e, "admin listener failed");
+            let _ = tokio::time::timeout(drain, graceful.shutdown()).await;
         }
     });
     let purge_task = tokio::spawn(purge_loop(
@@ -75,35 +94,23 @@ pub async fn serve<St: Store + Clone>(
     ));
 
     let graceful = GracefulShutdown::new();
-    let builder = hyper::server::conn::http1::Builder::new();
-    let mut shutdown = std::pin::pin!(shutdown);
-    loop {
-        let (stream, peer) = tokio::select! {
-            accepted = listener.accept() => match accepted {
-                Ok(conn) => conn,
-                Err(e) => {
-                    // Out of file descriptors and the like: back off instead of spinning.
-                    tracing::warn!(error = %e, "accept failed");
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                    continue;
-                }
-            },
-            () = &mut shutdown => break,
-        };
-        let _ = stream.set_nodelay(true);
+    let proxied = move |peer: SocketAddr| {
         let svc = Detached(service.clone()).map_request(move |mut req: http::Request<Incoming>| {
             req.extensions_mut().insert(ClientAddr(peer));
             req
         });
-        let conn = builder.serve_connection(TokioIo::new(stream), TowerToHyperService::new(svc));
-        let conn = graceful.watch(conn);
-        tokio::spawn(async move {
-            if let Err(e) = conn.await {
-                tracing::debug!(error = %e, "connection ended with an error");
-            }
-        });
-    }
-    drop(listener);
+        TowerToHyperService::new(svc)
+    };
+    accept_loop(
+        "proxy",
+        listener,
+        settings.max_connections,
+        &builder,
+        &graceful,
+        proxied,
+        shutdown,
+    )
+    .await;
     tracing::info!("shutting down: no new connections; waiting for in-flight requests");
     let drained = tokio::time::timeout(settings.shutdown_timeout, graceful.shutdown()).await;
     if drained.is_err() {
@@ -113,6 +120,88 @@ pub async fn serve<St: Store + Clone>(
     let _ = admin_task.await;
     purge_task.abort();
     Ok(())
+}
+
+/// Connections the admin listener serves at once; more wait to be accepted.
+const ADMIN_MAX_CONNECTIONS: usize = 64;
+
+/// How long the accept loop pauses after `accept` fails (out of file descriptors, say).
+const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
+
+/// Accepts connections on `listener` until `shutdown` resolves, and serves each with the
+/// service `make_service` builds for its peer, under `graceful`. A connection is accepted only
+/// while fewer than `max_connections` are open, and holds it until it closes: past the cap, new connections
+/// wait in the kernel's accept queue (and the client's connect timeout) rather than take file
+/// descriptors the served ones need. A connection that does not send a request's headers
+/// within the builder's header read timeout is closed, so stalled clients free their slots.
+/// A failed `accept` is logged and retried after [`ACCEPT_BACKOFF`].
+async fn accept_loop<S, B>(
+    name: &'static str,
+    listener: TcpListener,
+    max_connections: usize,
+    builder: &http1::Builder,
+    graceful: &GracefulShutdown,
+    make_service: impl Fn(SocketAddr) -> S,
+    shutdown: impl Future<Output = ()>,
+) where
+    S: hyper::service::HttpService<Incoming, ResBody = B> + Send + 'static,
+    S::Future: Send + 'static,
+    B: http_body::Body + Send + 'static,
+    B::Data: Send,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    let slots = Arc::new(Semaphore::new(max_connections));
+    let mut shutdown = std::pin::pin!(shutdown);
+    let mut full = false;
+    loop {
+        let slot = match slots.clone().try_acquire_owned() {
+            Ok(slot) => {
+                full = false;
+                slot
+            }
+            Err(_) => {
+                if !full {
+                    full = true;
+                    tracing::warn!(
+                        listener = name,
+                        max_connections,
+                        "connection cap reached: new connections wait until one closes"
+                    );
+                }
+                tokio::select! {
+                    slot = slots.clone().acquire_owned() => match slot {
+                        Ok(slot) => slot,
+                        Err(_) => break,
+                    },
+                    () = &mut shutdown => break,
+                }
+            }
+        };
+        let (stream, peer) = tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok(conn) => conn,
+                Err(e) => {
+                    // Out of file descriptors and the like: back off instead of spinning;
+                    // connections that end meanwhile give their descriptors back.
+                    tracing::warn!(listener = name, error = %e, "accept failed; retrying shortly");
+                    tokio::select! {
+                        () = tokio::time::sleep(ACCEPT_BACKOFF) => continue,
+                        () = &mut shutdown => break,
+                    }
+                }
+            },
+            () = &mut shutdown => break,
+        };
+        let _ = stream.set_nodelay(true);
+        let conn = builder.serve_connection(TokioIo::new(stream), make_service(peer));
+        let conn = graceful.watch(conn);
+        tokio::spawn(async move {
+            if let Err(e) = conn.await {
+                tracing::debug!(listener = name, error = %e, "connection ended with an error");
+            }
+            drop(slot);
+        });
+    }
 }
 
 /// Runs each request in a task of its own, so a client that hangs up does not cancel an

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
 use idem_conformance::load::{claim_fresh, fresh_request, prepare_replay, replay, run_concurrent};
-use idem_store_redis::{RedisOptions, RedisStore};
+use idem_store_redis::{Durability, RedisOptions, RedisStore};
 use redis::aio::ConnectionManager;
 
 const CONCURRENCY: u64 = 32;
@@ -54,6 +54,9 @@ fn claims(c: &mut Criterion) {
         std::env::var("IDEM_TEST_REDIS").unwrap_or_else(|_| "redis://127.0.0.1:6379".to_owned());
     let mut opts = RedisOptions::from_url(&url).unwrap_or_else(|e| panic!("{e}"));
     opts.prefix = "idem-bench".into();
+    // Measured on whatever the server is configured to do (the machines here: no persistence,
+    // which a store refuses by default); docs/benchmarks.md says which.
+    opts.durability = Durability::Volatile;
     let (store, raw) = rt.block_on(async {
         let store = RedisStore::connect(opts.clone())
             .await

@@ -10,11 +10,15 @@
 //! ```text
 //! redis://127.0.0.1:6379/0?prefix=idem
 //! ```
+//!
+//! A server whose configuration can lose an acknowledged claim (no AOF, or AOF without
+//! `appendfsync always`) or evict a record is refused at connect, unless the URL says
+//! `durability=volatile` ([`Durability`]).
 
 mod options;
 mod reply;
 mod scripts;
 mod store;
 
-pub use options::{DEFAULT_PREFIX, RedisOptions, RedisUrlError};
+pub use options::{DEFAULT_PREFIX, Durability, RedisOptions, RedisUrlError};
 pub use store::RedisStore;

@@ -20,6 +20,24 @@ pub struct RedisOptions {
     /// The bound on any one operation: past it the store is unavailable and the request
     /// fails closed, rather than hang on a dead server.
     pub op_timeout: Duration,
+    /// Whether a server that can lose a claim is refused (the default) or accepted.
+    pub durability: Durability,
+}
+
+/// What [`crate::RedisStore::connect`] does with a server whose configuration can lose an
+/// acknowledged claim or evict a record before its retention ends (and so let a retry run
+/// again): [design §6](docs/design.md#6-a-store-failure-fails-closed).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Durability {
+    /// Refuse it, naming the settings to change: the server must run with `appendonly yes`,
+    /// `appendfsync always` and no eviction (`maxmemory 0` or `maxmemory-policy
+    /// noeviction`), and let idem read these with `CONFIG GET`. The default;
+    /// `durability=required` in the URL says so explicitly.
+    #[default]
+    Required,
+    /// `durability=volatile`: the operator accepts that a crash or an eviction may lose
+    /// claims; each shortfall is logged as a warning and the store runs.
+    Volatile,
 }
 
 /// Why a Redis URL was refused.
@@ -31,12 +49,22 @@ pub enum RedisUrlError {
     /// The prefix holds characters that would make keys hard to read or match.
     #[error("prefix {0:?} must be 1 to 64 of A-Z a-z 0-9 _ - .")]
     Prefix(String),
+    /// `durability=` is neither `required` nor `volatile`.
+    #[error("durability={0} is not required or volatile")]
+    Durability(String),
 }
 
 impl RedisOptions {
-    /// Parses `redis://...`, taking idem's `prefix=NAME` query parameter out first.
+    /// Parses `redis://...`, taking idem's `prefix=NAME` and `durability=required|volatile`
+    /// query parameters out first.
     pub fn from_url(url: &str) -> Result<Self, RedisUrlError> {
-        let (rest, prefix) = idem_core::store::take_url_param(url, "prefix");
+        let (rest, durability) = idem_core::store::take_url_param(url, "durability");
+        let durability = match durability.as_deref() {
+            None | Some("required") => Durability::Required,
+            Some("volatile") => Durability::Volatile,
+            Some(other) => return Err(RedisUrlError::Durability(other.to_owned())),
+        };
+        let (rest, prefix) = idem_core::store::take_url_param(&rest, "prefix");
         let prefix = prefix.unwrap_or_else(|| DEFAULT_PREFIX.to_owned());
         let ok = !prefix.is_empty()
             && prefix.len() <= 64
@@ -53,6 +81,7 @@ impl RedisOptions {
             prefix,
             clock: None,
             op_timeout: Duration::from_secs(5),
+            durability,
         })
     }
 }
@@ -70,6 +99,23 @@ mod tests {
         );
         let o = RedisOptions::from_url("redis://127.0.0.1").expect("parses");
         assert_eq!(o.prefix, DEFAULT_PREFIX);
+        assert_eq!(o.durability, Durability::Required);
+    }
+
+    #[test]
+    fn durability_comes_out_of_the_url() {
+        let o = RedisOptions::from_url("redis://h:6379/1?durability=volatile&prefix=p")
+            .expect("parses");
+        assert_eq!(
+            (o.durability, o.prefix.as_str(), o.url.as_str()),
+            (Durability::Volatile, "p", "redis://h:6379/1")
+        );
+        let o = RedisOptions::from_url("redis://h/?durability=required").expect("parses");
+        assert_eq!(o.durability, Durability::Required);
+        assert!(matches!(
+            RedisOptions::from_url("redis://h/?durability=yolo"),
+            Err(RedisUrlError::Durability(v)) if v == "yolo"
+        ));
     }
 
     #[test]

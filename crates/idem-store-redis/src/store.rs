@@ -12,7 +12,7 @@ use idem_core::{
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::{AsyncCommands, ScriptInvocation, Value};
 
-use crate::options::RedisOptions;
+use crate::options::{Durability, RedisOptions};
 use crate::reply::{self, corrupt};
 use crate::scripts::Scripts;
 
@@ -36,7 +36,8 @@ struct Inner {
     op_timeout: Duration,
     scripts: Scripts,
     /// What in the server's configuration breaks [design §9](docs/design.md#9-performance-shape)
-    /// (claims durable before the effect) or lets Redis evict records; read once at connect.
+    /// (claims durable before the effect) or lets Redis evict records; read once at connect,
+    /// and non-empty only under `durability=volatile`.
     warnings: Vec<String>,
 }
 
@@ -58,7 +59,9 @@ fn ms(d: Duration) -> i64 {
 
 impl RedisStore {
     /// Connects. Fails if the server cannot be reached within the operation timeout: a
-    /// gateway should not start on a store it cannot use.
+    /// gateway should not start on a store it cannot use. Refuses a server whose
+    /// configuration can lose an acknowledged claim or evict a record, naming the settings to
+    /// change, unless `opts.durability` is [`Durability::Volatile`].
     pub async fn connect(opts: RedisOptions) -> Result<Self, StoreError> {
         let client = redis::Client::open(opts.url.as_str()).map_err(|e| unavailable("url", e))?;
         let config = ConnectionManagerConfig::new()
@@ -74,9 +77,12 @@ impl RedisStore {
         .map_err(|_| unavailable("connect", "timed out"))?
         .map_err(|e| unavailable("connect", e))?;
         let index = format!("{}:expiry", opts.prefix);
-        let warnings = durability_warnings(&mut con.clone(), opts.op_timeout).await;
+        let warnings = shortfalls(&read_settings(&mut con.clone(), opts.op_timeout).await);
+        if !warnings.is_empty() && opts.durability == Durability::Required {
+            return Err(volatile_refusal(&warnings));
+        }
         for w in &warnings {
-            tracing::warn!("redis store: {w}");
+            tracing::warn!("redis store (durability=volatile): {w}");
         }
         Ok(RedisStore {
             inner: Arc::new(Inner {
@@ -98,8 +104,9 @@ impl RedisStore {
     }
 
     /// What in the server's configuration makes claims less than durable, or lets Redis
-    /// evict records (and so run a key twice). Empty when all is well, or when the server
-    /// does not let clients read its configuration.
+    /// evict records (and so run a key twice), as read at connect. Empty when all is well;
+    /// otherwise the store was opened with `durability=volatile`, or it would have been
+    /// refused.
     pub fn durability_warnings(&self) -> &[String] {
         &self.inner.warnings
     }
@@ -191,11 +198,13 @@ impl RedisStore {
     }
 }
 
+type Settings = std::collections::HashMap<String, String>;
+
 /// Reads the persistence and eviction settings that decide whether a claim survives a
 /// restart and whether a record can vanish before its retention ends.
-async fn durability_warnings(con: &mut ConnectionManager, timeout: Duration) -> Vec<String> {
+async fn read_settings(con: &mut ConnectionManager, timeout: Duration) -> Result<Settings, String> {
     let read = async {
-        let mut settings = std::collections::HashMap::new();
+        let mut settings = Settings::new();
         for name in ["appendonly", "appendfsync", "maxmemory", "maxmemory-policy"] {
             let pair: Vec<String> = redis::cmd("CONFIG")
                 .arg("GET")
@@ -208,34 +217,65 @@ async fn durability_warnings(con: &mut ConnectionManager, timeout: Duration) -> 
         }
         Ok::<_, redis::RedisError>(settings)
     };
-    let Ok(Ok(settings)) = tokio::time::timeout(timeout, read).await else {
-        // Managed services often refuse CONFIG: nothing can be said.
-        return Vec::new();
+    match tokio::time::timeout(timeout, read).await {
+        Ok(Ok(settings)) => Ok(settings),
+        Ok(Err(e)) => Err(e.to_string()),
+        Err(_) => Err("timed out".to_owned()),
+    }
+}
+
+/// What in the settings lets an acknowledged claim be lost or a record be evicted, each
+/// naming the setting to change; empty when none does. Settings that could not be read are
+/// a shortfall too: idem cannot tell ([design §6](docs/design.md#6-a-store-failure-fails-closed)).
+fn shortfalls(settings: &Result<Settings, String>) -> Vec<String> {
+    let settings = match settings {
+        Ok(s) => s,
+        Err(e) => {
+            return vec![format!(
+                "the server's persistence settings cannot be read (CONFIG GET: {e}), so idem \
+                 cannot tell whether an acknowledged claim survives a crash (let idem's user \
+                 run CONFIG GET, on a server with appendonly yes and appendfsync always)"
+            )];
+        }
     };
-    let get = |k: &str| settings.get(k).map_or("", String::as_str);
-    let mut warnings = Vec::new();
+    let get = |k: &str| settings.get(k).map_or("not reported", String::as_str);
+    let mut found = Vec::new();
     if get("appendonly") != "yes" {
-        warnings.push(
-            "appendonly is not yes: claims and results are lost if Redis restarts, and a \
-             retry then runs again (set appendonly yes, appendfsync always)"
-                .to_owned(),
-        );
+        found.push(format!(
+            "appendonly is {}: claims and results are lost if Redis restarts, and a retry then \
+             runs again (set appendonly yes and appendfsync always)",
+            get("appendonly")
+        ));
     } else if get("appendfsync") != "always" {
-        warnings.push(format!(
+        found.push(format!(
             "appendfsync is {}: a claim is acknowledged before it is on disk, so a crash can \
-             lose it (set appendfsync always)",
+             lose it and a retry then runs again (set appendfsync always)",
             get("appendfsync")
         ));
     }
     let evicts = get("maxmemory") != "0" && get("maxmemory-policy") != "noeviction";
     if evicts {
-        warnings.push(format!(
+        found.push(format!(
             "maxmemory-policy is {} with a memory limit: Redis may evict records before \
-             their retention ends, and a retry then runs again (set noeviction)",
+             their retention ends, and a retry then runs again (set maxmemory-policy \
+             noeviction)",
             get("maxmemory-policy")
         ));
     }
-    warnings
+    found
+}
+
+/// The refusal of a server with shortfalls, unless the URL opts in.
+fn volatile_refusal(shortfalls: &[String]) -> StoreError {
+    StoreError::Unavailable(
+        format!(
+            "redis: refused: this server can lose claims it acknowledged: {}. Change the \
+             server's settings, or add durability=volatile to the store URL (redis://HOST:PORT/?durability=volatile) \
+             to accept that a crash or an eviction may run a request twice",
+            shortfalls.join("; ")
+        )
+        .into(),
+    )
 }
 
 /// A fenced script's refusal, as the machine names it.
@@ -450,6 +490,88 @@ impl Store for RedisStore {
                 state: RecordState::InFlight,
             }),
             other => Err(corrupt(format!("resolve status {other:?}"))),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn settings(pairs: &[(&str, &str)]) -> Result<Settings, String> {
+        Ok(pairs
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect())
+    }
+
+    #[test]
+    fn only_aof_with_fsync_always_and_no_eviction_passes() {
+        let durable = [
+            ("appendonly", "yes"),
+            ("appendfsync", "always"),
+            ("maxmemory", "0"),
+            ("maxmemory-policy", "allkeys-lru"),
+        ];
+        assert!(shortfalls(&settings(&durable)).is_empty());
+        let limited = [
+            ("appendonly", "yes"),
+            ("appendfsync", "always"),
+            ("maxmemory", "1000000"),
+            ("maxmemory-policy", "noeviction"),
+        ];
+        assert!(shortfalls(&settings(&limited)).is_empty());
+        let cases: [(&[(&str, &str)], &str); 3] = [
+            (
+                &[("appendonly", "no"), ("maxmemory", "0")],
+                "appendonly is no",
+            ),
+            (
+                &[
+                    ("appendonly", "yes"),
+                    ("appendfsync", "everysec"),
+                    ("maxmemory", "0"),
+                ],
+                "set appendfsync always",
+            ),
+            (
+                &[
+                    ("appendonly", "yes"),
+                    ("appendfsync", "always"),
+                    ("maxmemory", "100mb"),
+                    ("maxmemory-policy", "volatile-lru"),
+                ],
+                "set maxmemory-policy noeviction",
+            ),
+        ];
+        for (given, named) in cases {
+            let found = shortfalls(&settings(given));
+            assert_eq!(found.len(), 1, "{given:?}: {found:?}");
+            assert!(found[0].contains(named), "{given:?}: {found:?}");
+        }
+        let silent = shortfalls(&settings(&[]));
+        assert_eq!(silent.len(), 2, "{silent:?}");
+        assert!(
+            silent[0].contains("appendonly is not reported"),
+            "{silent:?}"
+        );
+        let unreadable = shortfalls(&Err("NOPERM".to_owned()));
+        assert!(unreadable[0].contains("cannot be read (CONFIG GET: NOPERM)"));
+    }
+
+    #[test]
+    fn the_refusal_names_the_settings_and_the_opt_in() {
+        let e = volatile_refusal(&shortfalls(&settings(&[
+            ("appendonly", "no"),
+            ("maxmemory", "0"),
+        ])))
+        .to_string();
+        for part in [
+            "appendonly yes",
+            "appendfsync always",
+            "durability=volatile",
+        ] {
+            assert!(e.contains(part), "{e}");
         }
     }
 }

@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use idem_conformance::{Harness, Unavailable};
 use idem_core::Clock;
-use idem_store_redis::{RedisOptions, RedisStore};
+use idem_store_redis::{Durability, RedisOptions, RedisStore};
 
 /// The server the tests use; `IDEM_TEST_REDIS` overrides it.
 fn url() -> String {
@@ -22,6 +22,9 @@ impl Harness for Redis {
         opts.prefix = format!("idem-test-{:016x}", rand::random::<u64>());
         opts.clock = Some(clock);
         opts.op_timeout = std::time::Duration::from_secs(30);
+        // The test server runs without persistence: these cases check behaviour, not
+        // durability, so they opt in (tests/durability.rs checks the refusal).
+        opts.durability = Durability::Volatile;
         RedisStore::connect(opts)
             .await
             .map_err(|e| Unavailable(format!("Redis at {}: {e}", url())))

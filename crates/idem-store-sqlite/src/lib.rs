@@ -17,6 +17,13 @@
 //! (`BEGIN IMMEDIATE`) serialises their transactions, so a claim stays atomic across them.
 //! All must be on one host (WAL needs shared memory), not on a network file system.
 //!
+//! # Bounded time
+//! Every operation answers within [`SqliteOptions::op_timeout`] (5 s by default;
+//! `sqlite:PATH?timeout=2s`): past it the caller gets `StoreError::Unavailable`, whatever holds
+//! the writer or a read up (another process's lock, a slow disk, a frozen file system), and
+//! the writer does not grant a claim to a caller that gave up
+//! ([design §6](docs/design.md#6-a-store-failure-fails-closed)).
+//!
 //! # Runtime
 //! The async methods need a tokio runtime (reads run on its blocking pool).
 
@@ -25,7 +32,8 @@ mod readers;
 mod row;
 mod schema;
 mod store;
+pub mod testing;
 mod writer;
 
 pub use schema::SCHEMA_VERSION;
-pub use store::{SqliteOptions, SqliteStore, WriterStats};
+pub use store::{DEFAULT_TIMEOUT, SqliteOptions, SqliteStore, WriterStats};

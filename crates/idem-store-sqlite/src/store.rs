@@ -15,7 +15,7 @@ use idem_core::{
 use tokio::sync::oneshot;
 
 use crate::checkpoint::Checkpointer;
-use crate::readers::{Patience, Readers, WouldWait};
+use crate::readers::Readers;
 use crate::writer::{Cmd, Done, Job, ReplayTally, Stats, Writer};
 use crate::{row, schema};
 
@@ -38,13 +38,35 @@ pub struct SqliteOptions {
     pub clock: Arc<dyn Clock>,
     /// How long a transaction waits for another process's lock before failing (closed).
     pub busy_timeout: Duration,
+    /// The bound on any one operation, as its caller sees it: past it the caller gets
+    /// [`StoreError::Unavailable`] (503 `store-unavailable`), whatever holds up the writer or
+    /// a read: a lock, a slow disk, a frozen file system
+    /// ([design §6](docs/design.md#6-a-store-failure-fails-closed)). A write the writer has
+    /// not yet applied when its caller gives up is not applied if it is a claim or a
+    /// resolution; a claim it granted meanwhile is released.
+    pub op_timeout: Duration,
 }
+
+/// The default of [`SqliteOptions::busy_timeout`] and [`SqliteOptions::op_timeout`].
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(5);
 
 impl Default for SqliteOptions {
     fn default() -> Self {
         SqliteOptions {
             clock: Arc::new(SystemClock),
-            busy_timeout: Duration::from_secs(5),
+            busy_timeout: DEFAULT_TIMEOUT,
+            op_timeout: DEFAULT_TIMEOUT,
+        }
+    }
+}
+
+impl SqliteOptions {
+    /// The defaults with both bounds set to `timeout`: what `sqlite:PATH?timeout=2s` means.
+    pub fn with_timeout(timeout: Duration) -> Self {
+        SqliteOptions {
+            busy_timeout: timeout,
+            op_timeout: timeout,
+            ..SqliteOptions::default()
         }
     }
 }
@@ -58,6 +80,7 @@ pub struct SqliteStore {
 struct Inner {
     path: PathBuf,
     clock: Arc<dyn Clock>,
+    op_timeout: Duration,
     readers: Readers,
     tx: Mutex<Option<Sender<Job>>>,
     writer: Mutex<Option<JoinHandle<()>>>,
@@ -123,6 +146,7 @@ impl SqliteStore {
                 readers: Readers::new(&path, options.busy_timeout),
                 path,
                 clock: options.clock,
+                op_timeout: options.op_timeout,
                 tx: Mutex::new(Some(tx)),
                 writer: Mutex::new(Some(handle)),
                 checkpointer: Mutex::new(Some(checkpointer)),
@@ -159,11 +183,27 @@ impl SqliteStore {
         }
     }
 
-    /// Queues a write and waits for it to be committed.
+    /// Queues a write and waits for it to be committed, up to the operation timeout. Giving
+    /// up drops the answer's receiver, which is how the writer learns that nobody waits: see
+    /// [`crate::writer`].
     async fn write(&self, cmd: Cmd) -> Result<Done, StoreError> {
         let (reply, answer) = oneshot::channel();
         self.send(cmd, Some(reply))?;
-        answer.await.map_err(|_| self.writer_gone())?
+        match tokio::time::timeout(self.inner.op_timeout, answer).await {
+            Ok(answered) => answered.map_err(|_| self.writer_gone())?,
+            Err(_) => Err(self.timed_out("write")),
+        }
+    }
+
+    fn timed_out(&self, what: &str) -> StoreError {
+        StoreError::Unavailable(
+            format!(
+                "sqlite {}: {what}: no answer within {:?} (a lock, a slow disk or a stalled file system)",
+                self.inner.path.display(),
+                self.inner.op_timeout
+            )
+            .into(),
+        )
     }
 
     /// Tallies a replay; the first tally since the last flush asks the writer for one.
@@ -191,30 +231,22 @@ impl SqliteStore {
         )
     }
 
-    /// A point read on a pooled connection: on this thread, or on the blocking pool if it
-    /// would have to wait for a lock (see [`crate::readers`]).
+    /// A point read on a pooled connection, on tokio's blocking pool and within the operation
+    /// timeout: a read that blocks in the kernel (a stalled file system blocks even WAL
+    /// readers, which write to the shared-memory index) must hold up neither an async worker
+    /// nor its caller past the bound. A read left behind finishes on its blocking thread.
     async fn read(&self, scope: &Scope, key: &Key) -> Result<Option<Record>, StoreError> {
-        let select = |conn: &rusqlite::Connection| row::select(conn, scope, key);
-        if let Ok(result) = self.inner.readers.with(Patience::None, select) {
-            return result;
-        }
         let this = self.clone();
         let (scope, key) = (scope.clone(), key.clone());
-        tokio::task::spawn_blocking(move || {
-            let select = |conn: &rusqlite::Connection| row::select(conn, &scope, &key);
-            match this.inner.readers.with(Patience::Full, select) {
-                Ok(result) => result,
-                Err(WouldWait) => Err(StoreError::Unavailable(
-                    format!(
-                        "sqlite {}: read: database is locked",
-                        this.inner.path.display()
-                    )
-                    .into(),
-                )),
-            }
-        })
-        .await
-        .map_err(StoreError::unavailable)?
+        let read = tokio::task::spawn_blocking(move || {
+            this.inner
+                .readers
+                .with(|conn| row::select(conn, &scope, &key))
+        });
+        match tokio::time::timeout(self.inner.op_timeout, read).await {
+            Ok(done) => done.map_err(StoreError::unavailable)?,
+            Err(_) => Err(self.timed_out("read")),
+        }
     }
 }
 

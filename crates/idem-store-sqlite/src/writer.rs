@@ -9,6 +9,13 @@
 //! If one command fails inside a batch (a database error, not a refusal like a stale token),
 //! the batch is rolled back and each command is retried alone, so one bad command cannot fail
 //! the others; a failed commit fails the whole batch, closed.
+//!
+//! A caller waits for its answer only up to the store's operation timeout, then drops its
+//! receiver. A claim or resolution whose receiver is already closed when its batch is taken is
+//! not applied: nobody would execute the claim, and the operator was told the resolution
+//! failed. A claim acquired for a caller that left while its transaction ran is released right
+//! after the commit. Completions, releases and extensions are applied whoever waits: they only
+//! settle or keep a record its executor holds.
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -124,6 +131,16 @@ pub(crate) struct Job {
     pub(crate) reply: Reply,
 }
 
+impl Job {
+    /// A claim or resolution whose caller stopped waiting (timed out, or dropped the call)
+    /// before the writer got to it: applying it would grant a lease nobody executes, or
+    /// settle a record behind the back of an operator who was told it failed.
+    fn abandoned(&self) -> bool {
+        matches!(self.cmd, Cmd::Claim(_) | Cmd::Resolve { .. })
+            && self.reply.as_ref().is_some_and(|r| r.is_closed())
+    }
+}
+
 pub(crate) struct Writer {
     conn: Connection,
     path: PathBuf,
@@ -201,7 +218,11 @@ impl Writer {
         Ok(())
     }
 
-    fn commit_batch(&mut self, batch: Vec<Job>, sync: Sync) {
+    fn commit_batch(&mut self, mut batch: Vec<Job>, sync: Sync) {
+        batch.retain(|j| !j.abandoned());
+        if batch.is_empty() {
+            return;
+        }
         let (cmds, replies): (Vec<Cmd>, Vec<Reply>) =
             batch.into_iter().map(|j| (j.cmd, j.reply)).unzip();
         // A claim must never be answered from a commit that was not fsynced: if the mode

@@ -1,14 +1,15 @@
 //! The writer's promises that only SQLite has: every claim is committed under an fsync; the
 //! time of a decision is read after the file lock is taken; a locked file fails a batch once,
-//! not once per command; a claim whose caller went away is released.
+//! not once per command; a claim whose caller went away is released; a stalled writer answers
+//! at the operation timeout.
 
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
 use idem_core::{
     AbandonedPolicy, Claim, ClaimRequest, Fingerprint, Key, Scope, Store, SystemClock,
 };
+use idem_store_sqlite::testing::WriteLock;
 use idem_store_sqlite::{SqliteOptions, SqliteStore};
 
 fn req(k: &str, lease: Duration, on_abandoned: AbandonedPolicy) -> ClaimRequest {
@@ -20,23 +21,6 @@ fn req(k: &str, lease: Duration, on_abandoned: AbandonedPolicy) -> ClaimRequest 
         retention: Duration::from_secs(3600),
         on_abandoned,
     }
-}
-
-/// Holds the file's write lock from another connection, as another process would, until the
-/// returned sender is dropped or sent to. Returns once the lock is held.
-fn hold_lock(path: PathBuf) -> (std::sync::mpsc::Sender<()>, std::thread::JoinHandle<()>) {
-    let (held_tx, held) = std::sync::mpsc::channel();
-    let (release, released) = std::sync::mpsc::channel::<()>();
-    let h = std::thread::spawn(move || {
-        let c = rusqlite::Connection::open(&path).expect("open a second connection");
-        c.execute_batch("BEGIN IMMEDIATE")
-            .expect("take the write lock");
-        let _ = held_tx.send(());
-        let _ = released.recv();
-        c.execute_batch("COMMIT").expect("commit");
-    });
-    let _ = held.recv();
-    (release, h)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -89,14 +73,13 @@ async fn a_lease_starts_when_the_lock_is_held_not_before() {
     let a = SqliteStore::open(&path).unwrap();
     let b = SqliteStore::open(&path).unwrap(); // another process
     let lease = Duration::from_millis(1000);
-    let (release, locker) = hold_lock(path.clone());
+    let lock = WriteLock::hold(&path).unwrap();
     let claim = tokio::spawn({
         let a = a.clone();
         async move { a.claim(req("k", lease, AbandonedPolicy::Retry)).await }
     });
     tokio::time::sleep(Duration::from_millis(1500)).await; // longer than the lease
-    drop(release);
-    let _ = locker.join();
+    drop(lock);
     let got = claim.await.unwrap();
     assert!(matches!(got, Ok(Claim::Acquired(_))), "{got:?}");
     let got_b = b.claim(req("k", lease, AbandonedPolicy::Retry)).await;
@@ -115,9 +98,11 @@ async fn a_locked_file_fails_a_batch_once() {
     let options = SqliteOptions {
         clock: Arc::new(SystemClock),
         busy_timeout: Duration::from_millis(300),
+        // The lock's own timeout fails these claims, not the caller's bound.
+        op_timeout: Duration::from_secs(30),
     };
     let store = SqliteStore::open_with(&path, options).unwrap();
-    let (release, locker) = hold_lock(path.clone());
+    let lock = WriteLock::hold(&path).unwrap();
     let before = store.writer_stats().transactions;
     let tasks: Vec<_> = (0..20)
         .map(|i| {
@@ -136,8 +121,7 @@ async fn a_locked_file_fails_a_batch_once() {
         let r = t.await.unwrap();
         assert!(matches!(r, Err(ref e) if e.is_unavailable()), "{r:?}");
     }
-    drop(release);
-    let _ = locker.join();
+    drop(lock);
     let attempts = store.writer_stats().transactions - before;
     // 20 claims arrive in a few batches; one-by-one retries would make it 20 or more.
     assert!(
@@ -153,7 +137,7 @@ async fn a_claim_whose_caller_went_away_is_released() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("idem.db");
     let store = SqliteStore::open(&path).unwrap();
-    let (release, locker) = hold_lock(path.clone());
+    let lock = WriteLock::hold(&path).unwrap();
     let claim = tokio::spawn({
         let store = store.clone();
         async move {
@@ -165,8 +149,7 @@ async fn a_claim_whose_caller_went_away_is_released() {
     tokio::time::sleep(Duration::from_millis(200)).await; // queued behind the lock
     claim.abort();
     let _ = claim.await;
-    drop(release);
-    let _ = locker.join();
+    drop(lock);
     // Let the writer commit the claim and release it.
     let mut last = None;
     for _ in 0..100 {
@@ -196,4 +179,66 @@ async fn a_claim_whose_caller_went_away_is_released() {
         matches!(again, Ok(Claim::Acquired(ref l)) if l.attempt == 1),
         "{again:?}"
     );
+}
+
+/// A write lock held by someone else (here another connection; in the field also a slow disk
+/// or a frozen file system) stalls the writer far longer than the operation timeout: each
+/// caller hears `Unavailable` at the bound, not when the stall ends. Neither stalled claim is
+/// left holding a lease: the one the writer had taken into its transaction is released when
+/// it finds its caller gone, the one still queued is never applied; once the lock is
+/// released, both keys are free and execute once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stalled_writer_answers_unavailable_at_the_bound_and_grants_nobody() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("idem.db");
+    let options = SqliteOptions {
+        // Far longer than the test waits: without the operation timeout a claim would wait
+        // all of it.
+        busy_timeout: Duration::from_secs(120),
+        op_timeout: Duration::from_millis(500),
+        ..SqliteOptions::default()
+    };
+    let store = SqliteStore::open_with(&path, options).unwrap();
+    let lock = WriteLock::hold(&path).unwrap();
+    let claim = |k: &'static str| {
+        let store = store.clone();
+        tokio::spawn(async move {
+            store
+                .claim(req(k, Duration::from_secs(30), AbandonedPolicy::Reject))
+                .await
+        })
+    };
+    // "a" is taken into a batch and waits on the lock; "b" queues behind it.
+    let a = claim("a");
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let b = claim("b");
+    for (name, task) in [("a", a), ("b", b)] {
+        let answer = tokio::time::timeout(Duration::from_secs(60), task)
+            .await
+            .unwrap_or_else(|_| panic!("claim {name} still waits on the stalled writer"))
+            .unwrap();
+        match answer {
+            Err(e @ idem_core::StoreError::Unavailable(_)) => {
+                assert!(e.to_string().contains("no answer within"), "{e}")
+            }
+            other => panic!("claim {name}: expected Unavailable, got {other:?}"),
+        }
+    }
+    // A read is bounded too, and still answers while the writer is stalled (WAL).
+    assert!(matches!(
+        store
+            .get(&Scope::anonymous(), &Key::new("a").unwrap())
+            .await,
+        Ok(None)
+    ));
+    drop(lock);
+    for k in ["a", "b"] {
+        let again = store
+            .claim(req(k, Duration::from_secs(30), AbandonedPolicy::Reject))
+            .await;
+        assert!(
+            matches!(again, Ok(Claim::Acquired(ref l)) if l.attempt == 1),
+            "{k}: {again:?}"
+        );
+    }
 }

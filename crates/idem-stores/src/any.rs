@@ -32,8 +32,10 @@ pub enum AnyStore {
 impl AnyStore {
     /// What in the server's configuration makes claims less than durable or lets records be
     /// evicted (and so a key run twice), read when the store connected. Only Redis has such
-    /// settings to read; empty for the others, and when all is well. `idem migrate` prints these so an operator sees them before
-    /// any gateway trusts the store.
+    /// settings to read, and a Redis that falls short is refused unless its URL says
+    /// `durability=volatile`; so this is empty for the other stores, when all is well, and
+    /// non-empty only for a Redis opened with that opt-in. `idem migrate` prints these so an
+    /// operator sees them before any gateway trusts the store.
     pub fn durability_warnings(&self) -> &[String] {
         match self {
             AnyStore::Redis(r) => r.durability_warnings(),

@@ -3,11 +3,12 @@
 use std::fmt;
 use std::path::PathBuf;
 use std::str::FromStr;
+use std::time::Duration;
 
 use idem_core::{MemoryStore, StoreError};
 use idem_store_postgres::{PgOptions, PgStore};
 use idem_store_redis::{RedisOptions, RedisStore};
-use idem_store_sqlite::SqliteStore;
+use idem_store_sqlite::{SqliteOptions, SqliteStore};
 
 use crate::AnyStore;
 
@@ -27,8 +28,15 @@ pub const DEFAULT_STORE: &str = "sqlite:idem.db";
 pub enum StoreUrl {
     /// `memory:`: a store in this process that is gone when it exits.
     Memory,
-    /// `sqlite:PATH`, `sqlite://PATH` (relative) or `sqlite:///abs/path`.
-    Sqlite(PathBuf),
+    /// `sqlite:PATH`, `sqlite://PATH` (relative) or `sqlite:///abs/path`, optionally with
+    /// `?timeout=DURATION` (`2s`, `500ms`): the bound on each operation and on a lock wait
+    /// (default [`idem_store_sqlite::DEFAULT_TIMEOUT`]).
+    Sqlite {
+        /// The file.
+        path: PathBuf,
+        /// `timeout=`, if given.
+        timeout: Option<Duration>,
+    },
     /// The URL as given (checked when parsed); `?schema=NAME` picks the schema.
     Postgres(String),
     /// The URL as given (checked when parsed); `?prefix=NAME` picks the key prefix.
@@ -60,6 +68,9 @@ pub enum StoreUrlError {
     /// `memory:` followed by something.
     #[error("store URL {0:?}: memory: takes no path")]
     MemoryWithPath(String),
+    /// A `sqlite:` option idem does not know, or a bad value.
+    #[error("store URL {0:?}: {1}")]
+    SqliteOption(String, String),
 }
 
 impl FromStr for StoreUrl {
@@ -73,13 +84,38 @@ impl FromStr for StoreUrl {
             "memory" if rest.is_empty() => Ok(StoreUrl::Memory),
             "memory" => Err(StoreUrlError::MemoryWithPath(url.to_owned())),
             "sqlite" => {
+                let (target, query) = match rest.split_once('?') {
+                    Some((target, query)) => (target, query),
+                    None => (rest, ""),
+                };
                 // Accept sqlite:PATH, sqlite://PATH (relative) and sqlite:///abs/path.
-                let path = rest.strip_prefix("//").unwrap_or(rest);
+                let path = target.strip_prefix("//").unwrap_or(target);
                 if path.is_empty() {
-                    Err(StoreUrlError::EmptyPath(url.to_owned()))
-                } else {
-                    Ok(StoreUrl::Sqlite(PathBuf::from(path)))
+                    return Err(StoreUrlError::EmptyPath(url.to_owned()));
                 }
+                let mut timeout = None;
+                for pair in query.split('&').filter(|p| !p.is_empty()) {
+                    let bad = |why: String| StoreUrlError::SqliteOption(url.to_owned(), why);
+                    match pair.split_once('=') {
+                        Some(("timeout", v)) => match humantime::parse_duration(v) {
+                            Ok(d) if !d.is_zero() => timeout = Some(d),
+                            _ => {
+                                return Err(bad(format!(
+                                    "timeout={v} is not a positive duration like 2s or 500ms"
+                                )));
+                            }
+                        },
+                        _ => {
+                            return Err(bad(format!(
+                                "unknown option {pair:?}; sqlite: takes timeout=DURATION"
+                            )));
+                        }
+                    }
+                }
+                Ok(StoreUrl::Sqlite {
+                    path: PathBuf::from(path),
+                    timeout,
+                })
             }
             "postgres" | "postgresql" => match PgOptions::from_url(url) {
                 Ok(_) => Ok(StoreUrl::Postgres(url.to_owned())),
@@ -104,7 +140,14 @@ impl fmt::Display for StoreUrl {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             StoreUrl::Memory => f.write_str("memory:"),
-            StoreUrl::Sqlite(p) => write!(f, "sqlite:{}", p.display()),
+            StoreUrl::Sqlite { path, timeout } => {
+                write!(f, "sqlite:{}", path.display())?;
+                match timeout {
+                    Some(t) if t.subsec_nanos() == 0 => write!(f, "?timeout={}s", t.as_secs()),
+                    Some(t) => write!(f, "?timeout={}ms", t.as_millis()),
+                    None => Ok(()),
+                }
+            }
             StoreUrl::Postgres(url) | StoreUrl::Redis(url) => f.write_str(&redact(url)),
         }
     }
@@ -136,11 +179,12 @@ impl StoreUrl {
     async fn open_with(&self, must_exist: bool) -> Result<AnyStore, StoreError> {
         match self {
             StoreUrl::Memory => Ok(AnyStore::Memory(MemoryStore::new())),
-            StoreUrl::Sqlite(path) => {
+            StoreUrl::Sqlite { path, timeout } => {
                 if must_exist && !path.exists() {
                     return Err(StoreError::unavailable(NoStoreFile(path.clone())));
                 }
-                Ok(AnyStore::Sqlite(SqliteStore::open(path)?))
+                let options = timeout.map(SqliteOptions::with_timeout).unwrap_or_default();
+                Ok(AnyStore::Sqlite(SqliteStore::open_with(path, options)?))
             }
             StoreUrl::Postgres(url) => Ok(AnyStore::Postgres(PgStore::connect_url(url).await?)),
             StoreUrl::Redis(url) => Ok(AnyStore::Redis(RedisStore::connect_url(url).await?)),
@@ -191,16 +235,21 @@ mod tests {
     fn parses_the_documented_forms() {
         let ok = |s: &str| s.parse::<StoreUrl>().map_err(|e| e.to_string());
         assert_eq!(ok("memory:"), Ok(StoreUrl::Memory));
-        assert_eq!(ok("sqlite:idem.db"), Ok(StoreUrl::Sqlite("idem.db".into())));
-        assert_eq!(
-            ok("sqlite://rel/x.db"),
-            Ok(StoreUrl::Sqlite("rel/x.db".into()))
-        );
-        assert_eq!(
-            ok("sqlite:///abs/x.db"),
-            Ok(StoreUrl::Sqlite("/abs/x.db".into()))
-        );
-        assert_eq!(ok("SQLITE:a.db"), Ok(StoreUrl::Sqlite("a.db".into())));
+        let sqlite = |path: &str| StoreUrl::Sqlite {
+            path: path.into(),
+            timeout: None,
+        };
+        assert_eq!(ok("sqlite:idem.db"), Ok(sqlite("idem.db")));
+        assert_eq!(ok("sqlite://rel/x.db"), Ok(sqlite("rel/x.db")));
+        assert_eq!(ok("sqlite:///abs/x.db"), Ok(sqlite("/abs/x.db")));
+        assert_eq!(ok("SQLITE:a.db"), Ok(sqlite("a.db")));
+        let timed = StoreUrl::Sqlite {
+            path: "/abs/x.db".into(),
+            timeout: Some(Duration::from_millis(2500)),
+        };
+        assert_eq!(ok("sqlite:///abs/x.db?timeout=2s500ms"), Ok(timed.clone()));
+        assert_eq!(timed.to_string(), "sqlite:/abs/x.db?timeout=2500ms");
+        assert_eq!(ok(&timed.to_string()), Ok(timed));
         let pg = "postgres://idem:pw@db:5432/app?schema=idem_gw";
         assert_eq!(ok(pg), Ok(StoreUrl::Postgres(pg.into())));
         let redis = "redis://127.0.0.1:6379/1?prefix=gw";
@@ -226,6 +275,9 @@ mod tests {
             assert!(!err(secret).contains("s3cret"), "{}", err(secret));
         }
         assert!(err("sqlite:").contains("names no file"));
+        assert!(err("sqlite:a.db?timeout=soon").contains("not a positive duration"));
+        assert!(err("sqlite:a.db?timeout=0s").contains("not a positive duration"));
+        assert!(err("sqlite:a.db?mode=ro").contains("unknown option \"mode=ro\""));
         assert!(err("memory:x").contains("takes no path"));
         assert!(err("postgres://h/db?schema=Bad").contains("plain identifier"));
         assert!(err("redis://h?prefix=a:b").contains("prefix"));

@@ -109,7 +109,10 @@ async fn redis_opens_under_the_prefix_its_url_names() {
         return;
     }
     let prefix = format!("idem-reg-{:016x}", rand::random::<u64>());
-    let url = parse(&format!("redis://127.0.0.1:6379/?prefix={prefix}"));
+    // The test server runs without persistence, which idem refuses unless told.
+    let url = parse(&format!(
+        "redis://127.0.0.1:6379/?prefix={prefix}&durability=volatile"
+    ));
     let store = open(&url).await;
     let AnyStore::Redis(redis) = &store else {
         panic!("expected Redis, got {store:?}");

@@ -48,7 +48,10 @@ async fn run_in(
             for suffix in ["", "-wal", "-shm"] {
                 let _ = std::fs::remove_file(format!("{}{suffix}", path.display()));
             }
-            StoreUrl::Sqlite(path)
+            StoreUrl::Sqlite {
+                path,
+                timeout: None,
+            }
         }
     };
     let store = store_url

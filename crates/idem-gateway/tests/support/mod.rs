@@ -6,7 +6,7 @@
 use std::net::SocketAddr;
 
 use idem_gateway::{Bound, FileConfig, Overrides, Settings};
-use idem_store_sqlite::SqliteStore;
+use idem_store_sqlite::{SqliteOptions, SqliteStore};
 use metrics_exporter_prometheus::PrometheusBuilder;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
@@ -41,9 +41,20 @@ impl Drop for Gateway {
 
 /// Starts a gateway in front of `upstream` (`http://host:port`).
 pub async fn start_gateway(upstream: &str) -> Gateway {
+    start_gateway_with(upstream, |_| {}, SqliteOptions::default()).await
+}
+
+/// Starts a gateway in front of `upstream`, its [`CONFIG`] changed by `tune` and its SQLite
+/// store (at [`Gateway::db_path`]) opened with `options`.
+pub async fn start_gateway_with(
+    upstream: &str,
+    tune: impl FnOnce(&mut FileConfig),
+    options: SqliteOptions,
+) -> Gateway {
     let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
     let db = dir.path().join("idem.db");
     let mut file = FileConfig::parse(CONFIG).unwrap_or_else(|e| panic!("{e:#}"));
+    tune(&mut file);
     // The binary reads the token from the variable CONFIG names; setting a variable in a
     // test process is unsafe, so here the token is given directly.
     file.admin.token_env = None;
@@ -59,7 +70,7 @@ pub async fn start_gateway(upstream: &str) -> Gateway {
     )
     .unwrap_or_else(|e| panic!("{e:#}"));
     settings.admin_token = Some(ADMIN_TOKEN.to_owned());
-    let store = SqliteStore::open(&db).unwrap_or_else(|e| panic!("{e}"));
+    let store = SqliteStore::open_with(&db, options).unwrap_or_else(|e| panic!("{e}"));
     // Not installed: the metrics recorder is global, and this process runs many gateways.
     let metrics = PrometheusBuilder::new().build_recorder().handle();
     let (bound_tx, bound_rx) = oneshot::channel::<Bound>();
@@ -85,5 +96,12 @@ pub async fn start_gateway(upstream: &str) -> Gateway {
         stop: Some(stop),
         task,
         _dir: dir,
+    }
+}
+
+impl Gateway {
+    /// The gateway's SQLite file.
+    pub fn db_path(&self) -> std::path::PathBuf {
+        self._dir.path().join("idem.db")
     }
 }
