@@ -33,6 +33,12 @@ pub enum ProblemType {
     ResponseFailed,
     /// The service behind idem could not be reached; nothing was sent.
     UpstreamUnavailable,
+    /// The request is spelled so that the service behind idem could read it differently from
+    /// the route policy (a method in lower case, a dot segment or a backslash in the path), or
+    /// it names no path to forward; it was not forwarded.
+    RequestInvalid,
+    /// The method cannot be forwarded by a reverse proxy (`CONNECT`).
+    MethodNotAllowed,
 }
 
 impl ProblemType {
@@ -50,6 +56,8 @@ impl ProblemType {
             ProblemType::StoreUnavailable => "store-unavailable",
             ProblemType::ResponseFailed => "response-failed",
             ProblemType::UpstreamUnavailable => "upstream-unavailable",
+            ProblemType::RequestInvalid => "request-invalid",
+            ProblemType::MethodNotAllowed => "method-not-allowed",
         }
     }
 }

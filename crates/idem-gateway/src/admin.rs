@@ -48,13 +48,22 @@ fn problem(status: StatusCode, detail: String) -> Response {
         .into_response()
 }
 
+/// The credentials of `Authorization: Bearer <token>`; the scheme in any case (RFC 9110
+/// §11.1), then one or more spaces (§11.4).
+fn bearer(value: &str) -> Option<&str> {
+    let (scheme, token) = value.split_once(' ')?;
+    scheme
+        .eq_ignore_ascii_case("bearer")
+        .then(|| token.trim_start_matches(' '))
+}
+
 /// `None` when allowed; the refusal otherwise. Compares in constant time.
 fn refused<St>(state: &AdminState<St>, headers: &HeaderMap) -> Option<Response> {
     let want = state.token.as_ref()?;
     let got = headers
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "))
+        .and_then(bearer)
         .unwrap_or("");
     let same = got.len() == want.len()
         && got

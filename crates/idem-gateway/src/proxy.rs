@@ -9,12 +9,12 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
-use http::{Request, Response, StatusCode, Uri};
+use http::{Method, Request, Response, StatusCode, Uri};
 use http_body_util::BodyExt;
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
-use idem_http::{Body, Executed};
+use idem_http::{Body, Executed, Problem};
 use tower::Service;
 
 /// The client's address, put into request extensions by the server.
@@ -84,12 +84,46 @@ impl Proxy {
             .map_or_else(|| self.upstream.to_string(), ToString::to_string)
     }
 
-    fn target(&self, uri: &Uri) -> Result<Uri, http::Error> {
+    /// The upstream URL of a request: the upstream's prefix, then the request's path and query
+    /// exactly as they came, which are only forwarded when they cannot climb out of the prefix
+    /// or read differently upstream ([`idem_http::screen_path`]; the layer screened them
+    /// already, this keeps the proxy safe on its own). An absolute-form target is forwarded
+    /// by its path, like the origin form; the other forms name no path.
+    fn target(&self, uri: &Uri) -> Result<Uri, Unforwardable> {
+        let pq = match uri.path_and_query() {
+            Some(pq) if pq.path().starts_with('/') => pq.as_str(),
+            None if uri.scheme().is_some() => "/",
+            _ => {
+                return Err(Unforwardable::Refused(Problem::RequestInvalid(format!(
+                    "The request target {:?} is not a path (origin or absolute form), so there is nothing to forward",
+                    uri.to_string()
+                ))));
+            }
+        };
+        idem_http::screen_path(uri.path())
+            .map_err(|e| Unforwardable::Refused(Problem::RequestInvalid(e.to_string())))?;
         let prefix = self.upstream.path().trim_end_matches('/');
-        let pq = uri.path_and_query().map_or("/", |pq| pq.as_str());
         let mut parts = self.upstream.clone().into_parts();
-        parts.path_and_query = Some(format!("{prefix}{pq}").parse()?);
-        Ok(Uri::from_parts(parts)?)
+        let built = format!("{prefix}{pq}")
+            .parse()
+            .map_err(http::Error::from)
+            .and_then(|pq| {
+                parts.path_and_query = Some(pq);
+                Uri::from_parts(parts).map_err(http::Error::from)
+            });
+        built.map_err(Unforwardable::Unbuildable)
+    }
+
+    /// The gateway's own refusal of a request it will not forward: nothing was sent, so a key
+    /// the layer claimed for it is released.
+    fn refuse(&self, problem: &Problem) -> Response<Body> {
+        let mut resp = problem.to_response(&self.problem_base).map(|bytes| {
+            http_body_util::Full::new(bytes)
+                .map_err(|never| match never {})
+                .boxed_unsync()
+        });
+        resp.extensions_mut().insert(Executed::NotSent);
+        resp
     }
 
     fn failure(
@@ -120,9 +154,13 @@ impl Proxy {
     }
 
     async fn forward(self, mut req: Request<Body>) -> Response<Body> {
+        if req.method() == Method::CONNECT {
+            return self.refuse(&Problem::MethodNotAllowed(req.method().to_string()));
+        }
         let target = match self.target(req.uri()) {
             Ok(t) => t,
-            Err(e) => {
+            Err(Unforwardable::Refused(problem)) => return self.refuse(&problem),
+            Err(Unforwardable::Unbuildable(e)) => {
                 return self.failure(
                     StatusCode::BAD_GATEWAY,
                     "upstream-unreachable",
@@ -191,6 +229,15 @@ impl Proxy {
             ),
         }
     }
+}
+
+/// Why a request has no upstream URL.
+#[derive(Debug)]
+enum Unforwardable {
+    /// The request target is not one to forward: the client gets this problem.
+    Refused(Problem),
+    /// The URL could not be put together.
+    Unbuildable(http::Error),
 }
 
 /// A response body that fails once `sleep` ends.
@@ -291,6 +338,37 @@ mod tests {
         assert_eq!(
             t(p("http://127.0.0.1:3000/api/")),
             "http://127.0.0.1:3000/api/v1/charges?x=1"
+        );
+    }
+
+    #[test]
+    fn targets_never_leave_the_prefix() {
+        let proxy = Proxy::new(
+            "http://127.0.0.1:3000/api".parse().unwrap(),
+            Duration::from_secs(1),
+            String::new(),
+        );
+        let t = |target: &str| proxy.target(&target.parse().unwrap());
+        for bad in [
+            "/../admin",
+            "/v1/%2E%2E/%2e%2e/admin",
+            "/v1\\..\\admin",
+            "*",
+            "example.com:443",
+        ] {
+            assert!(
+                matches!(
+                    t(bad),
+                    Err(Unforwardable::Refused(Problem::RequestInvalid(_)))
+                ),
+                "{bad}"
+            );
+        }
+        let ok = |target: &str| t(target).map(|u| u.to_string()).unwrap_or_default();
+        assert_eq!(ok("/v1/a%2Fb"), "http://127.0.0.1:3000/api/v1/a%2Fb");
+        assert_eq!(
+            ok("http://elsewhere/v1/x?y"),
+            "http://127.0.0.1:3000/api/v1/x?y"
         );
     }
 }

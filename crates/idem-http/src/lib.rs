@@ -2,8 +2,9 @@
 //! `Idempotency-Key` execute at most once, over any idem [`Store`](idem_core::Store).
 //!
 //! For each request the layer follows [design §3](docs/design.md#3-what-a-request-with-a-key-gets):
-//! safe methods pass through; the key is read and validated; the body is buffered (bounded) and
-//! fingerprinted; then [`idem_core::Engine::run`] claims the key and runs the inner service only if
+//! a request the inner service could read differently from the routes is refused
+//! ([`screen`]); safe methods pass through; the key is read and validated; the body is
+//! buffered (bounded) and fingerprinted; then [`idem_core::Engine::run`] claims the key and runs the inner service only if
 //! the claim acquired (waiting for an in-flight duplicate where the route says so), and its
 //! response is stored (or the key released, for 429/503) and returned. The layer only parses and
 //! maps answers to HTTP; the claim loop is the engine's. A repeat gets the stored
@@ -37,6 +38,8 @@ pub mod service;
 pub use capture::REPLAYED;
 pub use config::Config;
 pub use layer::IdempotencyLayer;
-pub use policy::{PathPattern, PatternError, Route, RoutePolicy, Routes};
+pub use policy::{
+    PathPattern, PatternError, Route, RoutePolicy, Routes, Unmatched, screen, screen_path,
+};
 pub use problem::{DEFAULT_PROBLEM_BASE, Problem};
 pub use service::{Body, BoxError, Executed, Idempotency};

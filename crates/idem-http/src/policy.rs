@@ -191,6 +191,74 @@ fn decode_unreserved(seg: &str) -> String {
     if seg.is_ascii() { out } else { seg.to_owned() }
 }
 
+/// Why a request is refused before its route is looked up: it is spelled so that the service
+/// behind the layer could read it differently from the route table
+/// ([design §3](docs/design.md#3-what-a-request-with-a-key-gets)).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum Unmatched {
+    /// The method has lower-case letters. Methods are case-sensitive (RFC 9110 §9.1) and
+    /// every registered one is upper case, so routes never match `post`; but some servers
+    /// (Werkzeug, for one) upper-case the method and run it as POST.
+    #[error(
+        "The method {0:?} has lower-case letters: methods are case-sensitive (RFC 9110 §9.1), so no route matches it, but some servers upper-case it and would run it unprotected; send it in upper case"
+    )]
+    MethodCase(String),
+    /// The path has a `.` or `..` segment, in any spelling (`%2e`, `..;x`, between encoded
+    /// slashes). Clients remove them before sending (RFC 3986 §5.2.4); one left in would be
+    /// resolved by some servers and not by others, and could climb out of a path prefix.
+    #[error(
+        "The path has a dot segment (. or .., in any spelling). Clients remove them before sending (RFC 3986 §5.2.4); send the resolved path"
+    )]
+    DotSegment,
+    /// The path has a raw backslash, which a URI cannot hold and some servers read as `/`.
+    #[error(
+        "The path has a backslash, which a URI cannot hold and some servers read as /; percent-encode it as %5C"
+    )]
+    Backslash,
+}
+
+/// Refuses a method or a path that the route table and the service behind it could read
+/// differently: what is not refused here is forwarded as the routes judged it (its path up to
+/// what [`normalize`] still evens out for them: escaped unreserved characters, `;params` and
+/// empty segments, so that these cannot dodge a route either).
+///
+/// Checked: no lower-case letter in the method (so a server that upper-cases methods runs the
+/// method the routes matched); no raw backslash in the path; no `.` or `..` segment, where a
+/// segment is split at `/` and also at the encoded `%2F` and `%5C` (which are forwarded as
+/// they are, never decoded), its `;params` dropped and its unreserved escapes decoded, as
+/// [`normalize`] does.
+pub fn screen(method: &Method, path: &str) -> Result<(), Unmatched> {
+    let m = method.as_str();
+    if m.bytes().any(|b| b.is_ascii_lowercase()) {
+        return Err(Unmatched::MethodCase(m.to_owned()));
+    }
+    screen_path(path)
+}
+
+/// The path half of [`screen`]: no backslash, no dot segment in any spelling. A path that
+/// passes, appended to a prefix, stays under it.
+pub fn screen_path(path: &str) -> Result<(), Unmatched> {
+    if path.contains('\\') {
+        return Err(Unmatched::Backslash);
+    }
+    // Most paths have no dot in any spelling: nothing to split or decode.
+    if !path.contains('.') && !path.contains("%2e") && !path.contains("%2E") {
+        return Ok(());
+    }
+    let lowered = path.to_ascii_lowercase();
+    let dotted = lowered
+        .split('/')
+        .flat_map(|s| s.split("%2f"))
+        .flat_map(|s| s.split("%5c"))
+        .map(|s| decode_unreserved(s.split(';').next().unwrap_or("")))
+        .any(|s| s == "." || s == "..");
+    if dotted {
+        return Err(Unmatched::DotSegment);
+    }
+    Ok(())
+}
+
 /// One route: a method (or any) and a pattern.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Route {
@@ -294,6 +362,61 @@ mod tests {
         );
         assert_eq!(normalize("/a/%7Euser/../b"), "/a/b");
         assert_eq!(normalize(""), "/");
+    }
+
+    #[test]
+    fn spellings_a_service_could_read_another_way_are_screened_out() {
+        let post = Method::POST;
+        for path in [
+            "/v1/charges",
+            "/",
+            "",
+            "/v1/a%2Fb",
+            "/v1/a%5Cb",
+            "/v1/a..b/.well-known/x.",
+            "/v1/...",
+            "/v1/%2e%2e%2e",
+            "/v1/charges;x=1",
+        ] {
+            assert_eq!(screen(&post, path), Ok(()), "{path}");
+        }
+        for path in [
+            "/..",
+            "/.",
+            "/v1/./charges",
+            "/v1/../admin",
+            "/%2e%2e/admin",
+            "/%2E%2E/admin",
+            "/.%2E/admin",
+            "/%2e/admin",
+            "/v1/..;x/admin",
+            "/v1/.;/admin",
+            "/v1/..%2Fadmin",
+            "/v1/a%2f..%2fadmin",
+            "/v1/%5C..%5Cadmin",
+            "/v1/charges/..",
+        ] {
+            assert_eq!(screen(&post, path), Err(Unmatched::DotSegment), "{path}");
+        }
+        assert_eq!(screen(&post, "/v1\\admin"), Err(Unmatched::Backslash));
+        for m in ["post", "Post", "get", "purge", "pATCH"] {
+            let method = Method::from_bytes(m.as_bytes()).unwrap_or_else(|e| panic!("{e}"));
+            assert!(
+                matches!(screen(&method, "/"), Err(Unmatched::MethodCase(ref s)) if s == m),
+                "{m}"
+            );
+        }
+        for m in ["PURGE", "PROPFIND", "M-SEARCH", "PATCH"] {
+            let method = Method::from_bytes(m.as_bytes()).unwrap_or_else(|e| panic!("{e}"));
+            assert_eq!(screen(&method, "/"), Ok(()), "{m}");
+        }
+    }
+
+    #[test]
+    fn routes_for_any_method_cover_extension_methods() {
+        let routes = Routes::default().route(None, p("/v1/*"), RoutePolicy::requiring_key());
+        let purge = Method::from_bytes(b"PURGE").unwrap_or_else(|e| panic!("{e}"));
+        assert!(routes.policy_for(&purge, "/v1/cache").require_key);
     }
 
     #[test]

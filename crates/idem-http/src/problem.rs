@@ -47,7 +47,16 @@ pub enum Problem {
     /// 502: the service's response broke off, or was over the buffer bound: the effect may
     /// have happened, so the key is marked outcome-unknown.
     ResponseFailed,
+    /// 400: the request is spelled so that the service could read it differently from the
+    /// route policy, or names no path to forward ([`crate::policy::screen`]); the text says how.
+    RequestInvalid(String),
+    /// 405 with `Allow`: a method a reverse proxy cannot forward (`CONNECT`).
+    MethodNotAllowed(String),
 }
+
+/// The methods a 405 says are allowed: the standard ones a reverse proxy forwards (extension
+/// methods in upper case are forwarded too, but cannot be listed).
+pub const ALLOWED_METHODS: &str = "GET, HEAD, POST, PUT, DELETE, OPTIONS, TRACE, PATCH";
 
 impl Problem {
     /// The kind of problem, named the same over every protocol.
@@ -63,6 +72,8 @@ impl Problem {
             Problem::ResponseTooLarge { .. } => ProblemType::ResponseTooLarge,
             Problem::StoreUnavailable => ProblemType::StoreUnavailable,
             Problem::ResponseFailed => ProblemType::ResponseFailed,
+            Problem::RequestInvalid(_) => ProblemType::RequestInvalid,
+            Problem::MethodNotAllowed(_) => ProblemType::MethodNotAllowed,
         }
     }
 
@@ -74,9 +85,11 @@ impl Problem {
     /// The HTTP status.
     pub const fn status(&self) -> StatusCode {
         match self {
-            Problem::KeyMissing | Problem::KeyInvalid(_) | Problem::BodyUnreadable(_) => {
-                StatusCode::BAD_REQUEST
-            }
+            Problem::KeyMissing
+            | Problem::KeyInvalid(_)
+            | Problem::BodyUnreadable(_)
+            | Problem::RequestInvalid(_) => StatusCode::BAD_REQUEST,
+            Problem::MethodNotAllowed(_) => StatusCode::METHOD_NOT_ALLOWED,
             Problem::BodyTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
             Problem::KeyReused => StatusCode::UNPROCESSABLE_ENTITY,
             Problem::InFlight(_) | Problem::OutcomeUnknown | Problem::ResponseTooLarge { .. } => {
@@ -99,6 +112,8 @@ impl Problem {
             Problem::ResponseTooLarge { .. } => "Stored response too large to replay",
             Problem::StoreUnavailable => "Idempotency store unavailable",
             Problem::ResponseFailed => "Response failed",
+            Problem::RequestInvalid(_) => "Request not forwarded as written",
+            Problem::MethodNotAllowed(_) => "Method cannot be forwarded",
         }
     }
 
@@ -114,6 +129,8 @@ impl Problem {
             Problem::ResponseTooLarge { status, len, .. } => format!("The request was executed (status {status}), but its {len}-byte response was over the size bound, so only its digest was kept."),
             Problem::StoreUnavailable => "The idempotency store could not be reached, so the request was not executed. Retry with the same key.".into(),
             Problem::ResponseFailed => "The response broke off midway, did not arrive in time, or was too large to buffer. The request may have been executed, so the key is marked outcome-unknown until an operator resolves it.".into(),
+            Problem::RequestInvalid(why) => format!("{why}. Nothing was executed."),
+            Problem::MethodNotAllowed(method) => format!("{method} asks for a tunnel, which a reverse proxy does not open. Nothing was executed."),
         }
     }
 
@@ -153,6 +170,9 @@ impl Problem {
         };
         if let Some(secs) = retry_after {
             h.insert(header::RETRY_AFTER, HeaderValue::from(secs));
+        }
+        if let Problem::MethodNotAllowed(_) = self {
+            h.insert(header::ALLOW, HeaderValue::from_static(ALLOWED_METHODS));
         }
         resp
     }

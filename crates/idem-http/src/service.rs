@@ -172,6 +172,12 @@ impl<St: Store> Shared<St> {
             let fut = inner.call(req.map(boxed));
             async move { fut.await.map(|r| r.map(boxed)) }
         };
+        // Before anything else, safe methods included: what the routes judge must be what the
+        // service runs ([design §3](docs/design.md#3-what-a-request-with-a-key-gets)).
+        if let Err(why) = crate::policy::screen(req.method(), req.uri().path()) {
+            Outcome::Invalid.count();
+            return Ok(self.problem(&Problem::RequestInvalid(why.to_string())));
+        }
         if is_safe(req.method()) {
             return passthrough(&mut inner, req).await;
         }
@@ -196,6 +202,12 @@ impl<St: Store> Shared<St> {
             }
         };
         let (parts, body) = req.into_parts();
+        // A declared length over the bound is refused before the body is read, so a client
+        // that sent `Expect: 100-continue` gets 413 instead of being told to go on.
+        if http_body::Body::size_hint(&body).lower() > policy.max_body as u64 {
+            Outcome::Invalid.count();
+            return Ok(self.problem(&Problem::BodyTooLarge(policy.max_body)));
+        }
         let body = match Limited::new(body, policy.max_body).collect().await {
             Ok(collected) => collected.to_bytes(),
             Err(e) if e.is::<http_body_util::LengthLimitError>() => {

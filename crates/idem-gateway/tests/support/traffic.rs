@@ -7,8 +7,8 @@
 //! through `#[path]`, so both send the same requests to the same upstream.
 use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use axum::Router;
@@ -22,8 +22,17 @@ use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 
+/// The upstream's state: how often it executed a charge, and every request line it received
+/// (`METHOD target`), as it arrived.
 #[derive(Clone, Default)]
-pub struct Upstream(pub Arc<AtomicU32>);
+pub struct Upstream(pub Arc<AtomicU32>, pub Arc<Mutex<Vec<String>>>);
+
+impl Upstream {
+    /// The request lines received so far.
+    pub fn seen(&self) -> Vec<String> {
+        self.1.lock().map(|v| v.clone()).unwrap_or_default()
+    }
+}
 
 pub async fn charge(
     State(up): State<Upstream>,
@@ -101,7 +110,8 @@ pub async fn start_upstream() -> (SocketAddr, Upstream) {
         .route("/v1/charges", post(charge))
         .route("/v1/read", get(charge))
         .route("/v1/stall", post(stall))
-        .with_state(up.clone());
+        .with_state(up.clone())
+        .layer(axum::middleware::from_fn_with_state(up.clone(), record));
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
         .unwrap_or_else(|e| panic!("{e}"));
@@ -110,6 +120,18 @@ pub async fn start_upstream() -> (SocketAddr, Upstream) {
         let _ = axum::serve(listener, app).await;
     });
     (addr, up)
+}
+
+/// Notes each request line before routing, whatever its method and target.
+async fn record(
+    State(up): State<Upstream>,
+    req: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> axum::response::Response {
+    if let Ok(mut seen) = up.1.lock() {
+        seen.push(format!("{} {}", req.method(), req.uri()));
+    }
+    next.run(req).await
 }
 
 /// The configuration every test gateway runs with: one route that requires keys, small
@@ -198,6 +220,19 @@ pub async fn send(
     }
 }
 
+/// The admin listener's view of the record of `key` (anonymous scope): 404 when there is none.
+pub async fn record_of(admin: SocketAddr, key: &str) -> Got {
+    let auth = format!("Bearer {ADMIN_TOKEN}");
+    send(
+        admin,
+        "GET",
+        &format!("/keys/{key}"),
+        &[("authorization", &auth)],
+        "",
+    )
+    .await
+}
+
 pub async fn charge_with(g: &impl Listens, key: &str, extra: &[(&str, &str)], body: &str) -> Got {
     let mut headers = vec![("idempotency-key", key)];
     headers.extend_from_slice(extra);
@@ -274,4 +309,44 @@ pub async fn storm(
         }
     }
     out
+}
+
+/// What came back on a raw connection: everything the server wrote until it closed the
+/// connection (or 5 s passed), and the status line of the first response in it.
+pub struct Raw {
+    pub text: String,
+}
+
+impl Raw {
+    /// The status code of the first response written.
+    pub fn status(&self) -> u16 {
+        self.text
+            .split(' ')
+            .nth(1)
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(0)
+    }
+    /// The `type` of the problem document in the (last) response body.
+    pub fn problem_type(&self) -> String {
+        let body = self.text.rsplit("\r\n\r\n").next().unwrap_or_default();
+        let v: serde_json::Value = serde_json::from_str(body).unwrap_or_default();
+        v["type"].as_str().unwrap_or_default().to_owned()
+    }
+}
+
+/// Writes `request` to `addr` byte for byte (a client library would normalise what these
+/// tests need sent as is) and reads what comes back. Send `Connection: close`.
+pub async fn raw(addr: SocketAddr, request: &[u8]) -> Raw {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut conn = tokio::net::TcpStream::connect(addr)
+        .await
+        .unwrap_or_else(|e| panic!("connect {addr}: {e}"));
+    conn.write_all(request)
+        .await
+        .unwrap_or_else(|e| panic!("write: {e}"));
+    let mut out = Vec::new();
+    let _ = tokio::time::timeout(Duration::from_secs(5), conn.read_to_end(&mut out)).await;
+    Raw {
+        text: String::from_utf8_lossy(&out).into_owned(),
+    }
 }
