@@ -36,6 +36,7 @@ pub mod service;
 
 pub use capture::REPLAYED;
 pub use config::Config;
+pub use idem_core::{Anonymous, ScopeHeaders};
 pub use layer::IdempotencyLayer;
 pub use policy::{PathPattern, PatternError, Route, RoutePolicy, Routes};
 pub use problem::{DEFAULT_PROBLEM_BASE, Problem};

@@ -23,6 +23,9 @@ pub enum Problem {
     KeyMissing,
     /// 400: the key is malformed, too long, or sent twice.
     KeyInvalid(String),
+    /// 400: a keyed request names no caller and anonymous callers are refused; the scope
+    /// headers, described for people.
+    PrincipalMissing(String),
     /// 413: the body is over the route's bound (it must be buffered to be fingerprinted).
     BodyTooLarge(usize),
     /// 400: the body could not be read.
@@ -55,6 +58,7 @@ impl Problem {
         match self {
             Problem::KeyMissing => ProblemType::KeyMissing,
             Problem::KeyInvalid(_) => ProblemType::KeyInvalid,
+            Problem::PrincipalMissing(_) => ProblemType::PrincipalMissing,
             Problem::BodyTooLarge(_) => ProblemType::BodyTooLarge,
             Problem::BodyUnreadable(_) => ProblemType::BodyUnreadable,
             Problem::KeyReused => ProblemType::KeyReused,
@@ -74,9 +78,10 @@ impl Problem {
     /// The HTTP status.
     pub const fn status(&self) -> StatusCode {
         match self {
-            Problem::KeyMissing | Problem::KeyInvalid(_) | Problem::BodyUnreadable(_) => {
-                StatusCode::BAD_REQUEST
-            }
+            Problem::KeyMissing
+            | Problem::KeyInvalid(_)
+            | Problem::PrincipalMissing(_)
+            | Problem::BodyUnreadable(_) => StatusCode::BAD_REQUEST,
             Problem::BodyTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
             Problem::KeyReused => StatusCode::UNPROCESSABLE_ENTITY,
             Problem::InFlight(_) | Problem::OutcomeUnknown | Problem::ResponseTooLarge { .. } => {
@@ -91,6 +96,7 @@ impl Problem {
         match self {
             Problem::KeyMissing => "Idempotency-Key header required",
             Problem::KeyInvalid(_) => "Invalid Idempotency-Key",
+            Problem::PrincipalMissing(_) => "Caller not named",
             Problem::BodyTooLarge(_) => "Request body too large",
             Problem::BodyUnreadable(_) => "Request body unreadable",
             Problem::KeyReused => "Idempotency-Key reused for another request",
@@ -106,6 +112,7 @@ impl Problem {
         match self {
             Problem::KeyMissing => "This endpoint requires an Idempotency-Key header on unsafe methods; send a unique key per intent and reuse it on every retry.".into(),
             Problem::KeyInvalid(why) => format!("{why}. A key is 1 to 255 characters of visible ASCII, sent once."),
+            Problem::PrincipalMissing(headers) => format!("A request with an Idempotency-Key must say who its caller is, with one of these headers: {headers}. Its result is replayed only to that caller, never to another. Send your credentials; an operator can also accept callers without them in one shared scope (anonymous = \"allow\")."),
             Problem::BodyTooLarge(max) => format!("Requests with an Idempotency-Key are buffered to fingerprint them; this endpoint accepts at most {max} bytes."),
             Problem::BodyUnreadable(why) => format!("The request body could not be read: {why}."),
             Problem::KeyReused => "This key was first used for a request with another method, path or body. Use a new key for a new intent.".into(),

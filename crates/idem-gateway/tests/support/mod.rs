@@ -41,9 +41,14 @@ impl Drop for Gateway {
 
 /// Starts a gateway in front of `upstream` (`http://host:port`).
 pub async fn start_gateway(upstream: &str) -> Gateway {
+    start_gateway_with(upstream, CONFIG).await
+}
+
+/// Starts a gateway in front of `upstream`, configured by `config` (TOML text).
+pub async fn start_gateway_with(upstream: &str, config: &str) -> Gateway {
     let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
     let db = dir.path().join("idem.db");
-    let mut file = FileConfig::parse(CONFIG).unwrap_or_else(|e| panic!("{e:#}"));
+    let mut file = FileConfig::parse(config).unwrap_or_else(|e| panic!("{e:#}"));
     // The binary reads the token from the variable CONFIG names; setting a variable in a
     // test process is unsafe, so here the token is given directly.
     file.admin.token_env = None;
