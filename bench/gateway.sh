@@ -52,6 +52,7 @@ NGINX
 nginx -p "$WORK" -c nginx.conf
 
 cat > "$WORK/idem.toml" <<TOML
+anonymous = "allow"   # wrk sends no credentials
 [[routes]]
 method = "POST"
 path = "/v1/charges"

@@ -2,7 +2,7 @@
 
 use std::path::PathBuf;
 
-use anyhow::{Context, Result};
+use anyhow::{Context, Result, bail};
 use clap::{Args, Parser, Subcommand};
 use idem_core::{Key, Scope};
 use idem_stores::{DEFAULT_STORE, StoreUrl, StoreUrlError};
@@ -72,14 +72,37 @@ pub(crate) struct TargetArgs {
     /// The store: sqlite:PATH, memory:, postgres://...[?schema=NAME] or redis://...[?prefix=NAME].
     #[arg(long, env = "IDEM_STORE", default_value = DEFAULT_STORE, value_name = "URL", value_parser = StoreUrlParser)]
     pub(crate) store: StoreUrl,
-    /// The scope label as stored: `anonymous` for callers without a principal, `p:<hash>` for
-    /// a hashed principal (the gateway logs it), or the name a runtime chose.
+    /// The scope label as stored: `anonymous` for callers without a principal (where they are
+    /// allowed), `p:<hash>` for a hashed principal (the gateway logs it), or the name a runtime
+    /// chose.
     #[arg(long, default_value = idem_core::scope::ANONYMOUS, value_name = "SCOPE", conflicts_with = "principal")]
     pub(crate) scope: String,
-    /// The caller's principal header, as the gateway hashes it: 'NAME: VALUE', e.g.
-    /// 'authorization: Bearer tok'. Repeat it in the order of the gateway's scope_headers.
+    /// One of the caller's headers, as the gateway hashes it into the scope: 'NAME: VALUE',
+    /// e.g. 'authorization: Bearer tok' or 'cookie: session=abc'. Repeat it for each scope
+    /// header the caller sent, in any order.
     #[arg(long, value_name = "NAME: VALUE")]
     pub(crate) principal: Vec<String>,
+    /// The gateway's config file: --principal is hashed with its scope_headers and
+    /// scope_cookies.
+    #[arg(long, value_name = "FILE", requires = "principal")]
+    pub(crate) config: Option<PathBuf>,
+    /// The gateway's scope_headers, in its order (repeatable) [default: authorization,
+    /// proxy-authorization, cookie, x-api-key, api-key, x-auth-token].
+    #[arg(
+        long = "scope-header",
+        value_name = "NAME",
+        requires = "principal",
+        conflicts_with = "config"
+    )]
+    pub(crate) scope_headers: Vec<String>,
+    /// The gateway's scope_cookies (repeatable).
+    #[arg(
+        long = "scope-cookie",
+        value_name = "NAME",
+        requires = "principal",
+        conflicts_with = "config"
+    )]
+    pub(crate) scope_cookies: Vec<String>,
     /// The idempotency key as the client sent it (without header quoting).
     #[arg(value_name = "KEY")]
     pub(crate) key: String,
@@ -100,8 +123,18 @@ impl TargetArgs {
             Scope::new(self.scope.clone())
                 .with_context(|| format!("--scope {:?} is not a valid scope", self.scope))?
         } else {
+            // The gateway's own reading of its file, so the two hash alike.
+            let file = match &self.config {
+                Some(path) => idem_gateway::FileConfig::load(path)?,
+                None => idem_gateway::FileConfig {
+                    scope_headers: (!self.scope_headers.is_empty())
+                        .then(|| self.scope_headers.clone()),
+                    scope_cookies: Some(self.scope_cookies.clone()),
+                    ..Default::default()
+                },
+            };
+            let scope_headers = file.scope().context("the scope headers")?;
             let mut headers = http::HeaderMap::new();
-            let mut names = Vec::new();
             for p in &self.principal {
                 let (name, value) = p
                     .split_once(':')
@@ -111,12 +144,20 @@ impl TargetArgs {
                 let value = http::HeaderValue::from_str(value.trim()).with_context(|| {
                     format!("--principal {p:?}: the value is not a header value")
                 })?;
-                if !names.contains(&name) {
-                    names.push(name.clone());
+                if !scope_headers.headers().contains(&name) {
+                    bail!(
+                        "--principal {p:?}: {name} is not one of the scope headers ({}), so the gateway does not hash it; pass the gateway's with --config or --scope-header",
+                        scope_headers.describe()
+                    );
                 }
                 headers.append(name, value);
             }
-            idem_core::Scope::from_headers(&headers, &names)
+            scope_headers.principal(&headers).with_context(|| {
+                format!(
+                    "--principal names no caller: its cookie header has none of the scope cookies ({})",
+                    scope_headers.cookies().join(", ")
+                )
+            })?
         };
         Ok(Target {
             store: self.store,

@@ -290,3 +290,80 @@ async fn a_store_that_cannot_write_fails_closed() {
         "the upstream executed a request the store could not record ({created} created, {unavailable} refused)"
     );
 }
+
+/// `idem inspect --principal` hashes a caller's headers as the gateway does, whatever the
+/// order they are given in: the default scope headers (here an API key and a cookie), or the
+/// gateway's own `scope_headers` and `scope_cookies` read from its file with `--config`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn inspect_principal_finds_the_record_of_a_caller_named_by_cookie_and_api_key() {
+    let (up_addr, _up) = start_upstream().await;
+    let g = start_gateway_with(&format!("http://{up_addr}"), SCOPE_CONFIG);
+    let caller = [("x-api-key", "k-7"), ("cookie", "s=abc")];
+    let r = charge_with(&g, "by-key", &caller, BODY).await;
+    assert_eq!(r.status, 201, "{}", r.body);
+    let state = |out: &std::process::Output| -> String {
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
+        let err = String::from_utf8_lossy(&out.stderr).into_owned();
+        v["state"].as_str().map_or(err, str::to_owned)
+    };
+    let found = idem(
+        &[
+            "inspect",
+            "by-key",
+            "--json",
+            "--principal",
+            "cookie: s=abc",
+            "--principal",
+            "x-api-key: k-7",
+        ],
+        &g.db,
+    );
+    assert_eq!(state(&found), "completed");
+    // Only part of the caller's headers is another caller.
+    let partial = idem(
+        &["inspect", "by-key", "--principal", "x-api-key: k-7"],
+        &g.db,
+    );
+    assert!(!partial.status.success());
+    // A header the gateway does not hash is named, not silently hashed.
+    let foreign = idem(&["inspect", "by-key", "--principal", "x-tenant: 1"], &g.db);
+    assert!(
+        String::from_utf8_lossy(&foreign.stderr).contains("not one of the scope headers"),
+        "{foreign:?}"
+    );
+
+    let g = start_gateway_with(
+        &format!("http://{up_addr}"),
+        &format!("scope_cookies = [\"session\"]\n{SCOPE_CONFIG}"),
+    );
+    let r = charge_with(&g, "by-session", &[("cookie", "_ga=1; session=s1")], BODY).await;
+    assert_eq!(r.status, 201, "{}", r.body);
+    let config = g.db.with_file_name("idem.toml");
+    let config = config.display().to_string();
+    let with_file = idem(
+        &[
+            "inspect",
+            "by-session",
+            "--json",
+            "--config",
+            &config,
+            "--principal",
+            "cookie: session=s1; _ga=2",
+        ],
+        &g.db,
+    );
+    assert_eq!(state(&with_file), "completed");
+    let with_flag = idem(
+        &[
+            "inspect",
+            "by-session",
+            "--json",
+            "--scope-cookie",
+            "session",
+            "--principal",
+            "cookie: session=s1",
+        ],
+        &g.db,
+    );
+    assert_eq!(state(&with_flag), "completed");
+}

@@ -48,7 +48,7 @@ pub use outcome::Outcome;
 pub use policy::{Policy, PolicyError, ToolClass};
 pub use problem::ProblemType;
 pub use record::{CompletedBy, FencingToken, Record, RecordState, StoredBody, StoredResponse};
-pub use scope::{Scope, ScopeError};
+pub use scope::{Anonymous, Scope, ScopeError, ScopeHeaders, ScopeHeadersError};
 pub use store::{
     AbandonedPolicy, Claim, ClaimRequest, DEFAULT_RETENTION, Lease, Resolution, Stale, Store,
     StoreError,

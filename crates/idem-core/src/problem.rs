@@ -15,6 +15,9 @@ pub enum ProblemType {
     KeyMissing,
     /// The key is malformed, too long, or sent twice.
     KeyInvalid,
+    /// A keyed request names no caller (none of the scope headers), and anonymous callers are
+    /// not allowed: a scope shared by them all would replay one's response to another.
+    PrincipalMissing,
     /// The request body is over the bound it is buffered to (to fingerprint it).
     BodyTooLarge,
     /// The request body could not be read.
@@ -47,6 +50,7 @@ impl ProblemType {
         match self {
             ProblemType::KeyMissing => "key-missing",
             ProblemType::KeyInvalid => "key-invalid",
+            ProblemType::PrincipalMissing => "principal-missing",
             ProblemType::BodyTooLarge => "body-too-large",
             ProblemType::BodyUnreadable => "body-unreadable",
             ProblemType::KeyReused => "key-reused",

@@ -4,9 +4,15 @@
 //! scope from the caller's principal (for example the `Authorization` header) by hashing it, so the
 //! store never holds the secret; the MCP proxy over stdio uses a configured name. Either way the
 //! store sees one short, printable label.
+//!
+//! [`ScopeHeaders`] says which parts of an HTTP request name its caller, and [`Anonymous`] what
+//! a keyed request that carries none of them gets ([design §1](docs/design.md#1-words),
+//! [§4](docs/design.md#4-which-results-are-kept)).
 
 use std::fmt;
 
+use http::{HeaderMap, HeaderName, header};
+use serde::Deserialize;
 use sha2::{Digest, Sha256};
 
 /// Longest scope label accepted, in bytes.
@@ -89,24 +95,182 @@ impl Scope {
     pub fn from_headers(headers: &http::HeaderMap, names: &[http::HeaderName]) -> Self {
         let parts: Vec<&[u8]> = names
             .iter()
-            .flat_map(|name| {
-                headers
-                    .get_all(name)
-                    .iter()
-                    .flat_map(move |v| [name.as_str().as_bytes(), v.as_bytes()])
-            })
+            .flat_map(|name| header_parts(headers, name))
             .collect();
-        if parts.is_empty() {
-            Scope::anonymous()
-        } else {
-            Scope::from_principal(parts)
-        }
+        principal_of(parts).unwrap_or_else(Scope::anonymous)
     }
 
     /// The label.
     pub fn as_str(&self) -> &str {
         &self.0
     }
+}
+
+/// Each value of header `name` as two parts: the name and the value.
+fn header_parts<'a>(
+    headers: &'a HeaderMap,
+    name: &'a HeaderName,
+) -> impl Iterator<Item = &'a [u8]> + 'a {
+    headers
+        .get_all(name)
+        .iter()
+        .flat_map(move |v| [name.as_str().as_bytes(), v.as_bytes()])
+}
+
+/// The scope of these parts, or `None` when there are none (no principal).
+fn principal_of(parts: Vec<&[u8]>) -> Option<Scope> {
+    (!parts.is_empty()).then(|| Scope::from_principal(parts))
+}
+
+/// The headers that name a caller unless configured otherwise, in the order they are hashed:
+/// credentials (`authorization`, `proxy-authorization`), the session (`cookie`), and the
+/// common API-key headers. None of them changes between two retries of one request by one
+/// caller; a header that does (a CSRF token, a request id) must never be one, since a retry
+/// that lands in another scope executes again. `authorization` comes first, so a caller that
+/// sends only it keeps the label it had when it was the only default.
+pub const DEFAULT_SCOPE_HEADERS: [&str; 6] = [
+    "authorization",
+    "proxy-authorization",
+    "cookie",
+    "x-api-key",
+    "api-key",
+    "x-auth-token",
+];
+
+/// Which parts of an HTTP request name its caller: the scope is the hash of their values
+/// ([design §1](docs/design.md#1-words)). The HTTP layer, the gateway and `idem inspect
+/// --principal` all compute scopes here, so an operator finds a caller's records.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ScopeHeaders {
+    headers: Vec<HeaderName>,
+    cookies: Vec<String>,
+}
+
+/// Why a scope header configuration was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum ScopeHeadersError {
+    /// A cookie name that no `Cookie` header can carry.
+    #[error("{0:?} is not a cookie name (visible ASCII, no separators such as = ; , or space)")]
+    CookieName(String),
+    /// Cookies are named but `cookie` is not one of the scope headers: they would be ignored.
+    #[error("scope cookies are named, but `cookie` is not one of the scope headers")]
+    CookiesWithoutCookieHeader,
+}
+
+impl Default for ScopeHeaders {
+    fn default() -> Self {
+        ScopeHeaders {
+            headers: DEFAULT_SCOPE_HEADERS
+                .iter()
+                .map(|h| HeaderName::from_static(h))
+                .collect(),
+            cookies: Vec::new(),
+        }
+    }
+}
+
+impl ScopeHeaders {
+    /// These headers, each value of each hashed whole, in this order.
+    pub fn new(headers: Vec<HeaderName>) -> Self {
+        ScopeHeaders {
+            headers,
+            cookies: Vec::new(),
+        }
+    }
+
+    /// Of the `Cookie` header, only the named cookies count (in this order, each as
+    /// `name=value`); a request whose `Cookie` carries none of them counts as not sending it.
+    /// Empty: the whole `Cookie` header counts. Name the session cookie(s) when clients also
+    /// carry cookies that change between retries (analytics ids, load balancer stickiness):
+    /// otherwise such a retry is another caller and executes again.
+    pub fn with_cookies(mut self, cookies: Vec<String>) -> Result<Self, ScopeHeadersError> {
+        if let Some(bad) = cookies.iter().find(|c| !is_cookie_name(c)) {
+            return Err(ScopeHeadersError::CookieName(bad.clone()));
+        }
+        if !cookies.is_empty() && !self.headers.contains(&header::COOKIE) {
+            return Err(ScopeHeadersError::CookiesWithoutCookieHeader);
+        }
+        self.cookies = cookies;
+        Ok(self)
+    }
+
+    /// The headers, in hashing order.
+    pub fn headers(&self) -> &[HeaderName] {
+        &self.headers
+    }
+
+    /// The named session cookies; empty when the whole `Cookie` header counts.
+    pub fn cookies(&self) -> &[String] {
+        &self.cookies
+    }
+
+    /// The scope of the caller these headers name, or `None` when they name none: the request
+    /// carries none of the headers (and, with named cookies, none of those cookies).
+    pub fn principal(&self, headers: &HeaderMap) -> Option<Scope> {
+        let mut parts: Vec<&[u8]> = Vec::new();
+        for name in &self.headers {
+            if *name == header::COOKIE && !self.cookies.is_empty() {
+                for wanted in &self.cookies {
+                    for pair in cookie_pairs(headers) {
+                        if pair.split(|&b| b == b'=').next() == Some(wanted.as_bytes()) {
+                            parts.extend([name.as_str().as_bytes(), pair]);
+                        }
+                    }
+                }
+            } else {
+                parts.extend(header_parts(headers, name));
+            }
+        }
+        principal_of(parts)
+    }
+
+    /// A list of the headers (and cookies) for people: `authorization, cookie (session), ...`.
+    pub fn describe(&self) -> String {
+        self.headers
+            .iter()
+            .map(|h| {
+                if *h == header::COOKIE && !self.cookies.is_empty() {
+                    format!("cookie ({})", self.cookies.join(", "))
+                } else {
+                    h.as_str().to_owned()
+                }
+            })
+            .collect::<Vec<_>>()
+            .join(", ")
+    }
+}
+
+/// The `name=value` pairs of every `Cookie` header, trimmed (RFC 6265 §4.2.1: pairs separated
+/// by `;` and a space; the space is optional here).
+fn cookie_pairs(headers: &HeaderMap) -> impl Iterator<Item = &[u8]> {
+    headers.get_all(header::COOKIE).iter().flat_map(|v| {
+        v.as_bytes()
+            .split(|&b| b == b';')
+            .map(<[u8]>::trim_ascii)
+            .filter(|p| !p.is_empty())
+    })
+}
+
+/// An RFC 6265 cookie-name: an RFC 9110 token.
+fn is_cookie_name(name: &str) -> bool {
+    !name.is_empty()
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b))
+}
+
+/// What a keyed request that names no caller gets ([design §1](docs/design.md#1-words)).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Anonymous {
+    /// Refused (400 `principal-missing`): nothing is claimed or executed. The default, since
+    /// a scope shared by every anonymous caller would replay one caller's response to another.
+    #[default]
+    Refuse,
+    /// Accepted, in the one shared scope `anonymous`. Headers that carry one caller's state
+    /// (`Set-Cookie`) are never stored there, so never replayed.
+    Allow,
 }
 
 impl fmt::Display for Scope {
@@ -159,5 +323,66 @@ mod tests {
             Err(ScopeError::TooLong { len: 129 })
         );
         assert_eq!(Scope::new("tenant:42").map(|s| s.0), Ok("tenant:42".into()));
+    }
+
+    fn headers(pairs: &[(&str, &str)]) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        for (n, v) in pairs {
+            h.append(
+                HeaderName::from_bytes(n.as_bytes()).unwrap(),
+                v.parse().unwrap(),
+            );
+        }
+        h
+    }
+
+    #[test]
+    fn the_default_headers_name_callers_by_credentials_cookies_and_api_keys() {
+        let s = ScopeHeaders::default();
+        assert_eq!(s.principal(&headers(&[("content-type", "x/y")])), None);
+        let alice = s.principal(&headers(&[("cookie", "s=alice")]));
+        let bob = s.principal(&headers(&[("cookie", "s=bob")]));
+        assert!(alice.is_some() && bob.is_some() && alice != bob);
+        let k1 = s.principal(&headers(&[("x-api-key", "k1")]));
+        assert!(k1.is_some() && k1 != s.principal(&headers(&[("x-api-key", "k2")])));
+        // A caller that sends only Authorization keeps the label of the old default.
+        let bearer = headers(&[("authorization", "Bearer t")]);
+        assert_eq!(
+            s.principal(&bearer),
+            Some(Scope::from_headers(&bearer, &[header::AUTHORIZATION]))
+        );
+    }
+
+    #[test]
+    fn named_cookies_are_the_only_part_of_the_cookie_header_that_counts() {
+        let s = ScopeHeaders::default()
+            .with_cookies(vec!["session".into()])
+            .unwrap();
+        let a = s.principal(&headers(&[("cookie", "_ga=1; session=a")]));
+        assert!(a.is_some());
+        assert_eq!(
+            a,
+            s.principal(&headers(&[("cookie", "session=a;_ga=2; lb=x")]))
+        );
+        assert_ne!(a, s.principal(&headers(&[("cookie", "_ga=1; session=b")])));
+        assert_ne!(a, s.principal(&headers(&[("cookie", "sessionx=a")])));
+        assert_eq!(s.principal(&headers(&[("cookie", "_ga=1")])), None);
+        // The other headers still count beside the cookie.
+        assert_ne!(
+            a,
+            s.principal(&headers(&[("cookie", "session=a"), ("x-api-key", "k")]))
+        );
+        assert_eq!(
+            s.describe(),
+            "authorization, proxy-authorization, cookie (session), x-api-key, api-key, x-auth-token"
+        );
+        assert_eq!(
+            ScopeHeaders::new(vec![header::AUTHORIZATION]).with_cookies(vec!["s".into()]),
+            Err(ScopeHeadersError::CookiesWithoutCookieHeader)
+        );
+        assert_eq!(
+            ScopeHeaders::default().with_cookies(vec!["a=b".into()]),
+            Err(ScopeHeadersError::CookieName("a=b".into()))
+        );
     }
 }

@@ -5,7 +5,9 @@
 //! listen = "127.0.0.1:8080"
 //! upstream = "http://127.0.0.1:3000"
 //! store = "sqlite:idem.db"
-//! scope_headers = ["authorization"]
+//! scope_headers = ["authorization", "proxy-authorization", "cookie", "x-api-key", "api-key", "x-auth-token"]
+//! scope_cookies = ["session"]       # only these cookies name the caller (default: the whole header)
+//! anonymous = "refuse"              # a keyed request naming no caller: 400 principal-missing; or "allow"
 //!
 //! [limits]
 //! max_body_bytes = 1048576          # request bodies are buffered to fingerprint them
@@ -41,7 +43,7 @@ use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
 use http::{HeaderName, Method, Uri};
-use idem_core::{AbandonedPolicy, DEFAULT_RETENTION, Policy};
+use idem_core::{AbandonedPolicy, Anonymous, DEFAULT_RETENTION, Policy, ScopeHeaders};
 use idem_http::policy::DEFAULT_MAX_BODY;
 use idem_http::{PathPattern, RoutePolicy, Routes};
 use idem_stores::{DEFAULT_STORE, StoreUrl};
@@ -57,8 +59,12 @@ pub struct FileConfig {
     pub upstream: Option<String>,
     /// Store URL.
     pub store: Option<String>,
-    /// Headers naming the caller.
+    /// Headers naming the caller ([`idem_core::scope::DEFAULT_SCOPE_HEADERS`] if absent).
     pub scope_headers: Option<Vec<String>>,
+    /// The cookies that name the caller, if only they of the `Cookie` header should.
+    pub scope_cookies: Option<Vec<String>>,
+    /// What a keyed request that names no caller gets: `refuse` (the default) or `allow`.
+    pub anonymous: Option<Anonymous>,
     /// Base of problem type URIs.
     pub problem_base: Option<String>,
     /// Size bounds.
@@ -203,6 +209,26 @@ impl FileConfig {
         Ok(toml::from_str(text)?)
     }
 
+    /// Which headers (and cookies) name the caller ([design §1](docs/design.md#1-words)):
+    /// `scope_headers` and `scope_cookies`, validated. `idem inspect --config` reads them too,
+    /// so it hashes a caller's headers as the gateway does.
+    pub fn scope(&self) -> Result<ScopeHeaders> {
+        match &self.scope_headers {
+            None => ScopeHeaders::default(),
+            Some(names) => ScopeHeaders::new(
+                names
+                    .iter()
+                    .map(|h| {
+                        HeaderName::from_bytes(h.as_bytes())
+                            .with_context(|| format!("scope_headers: {h:?} is not a header name"))
+                    })
+                    .collect::<Result<Vec<_>>>()?,
+            ),
+        }
+        .with_cookies(self.scope_cookies.clone().unwrap_or_default())
+        .context("scope_cookies")
+    }
+
     /// Reads and parses a file; errors name the file and the offending line.
     pub fn load(path: &Path) -> Result<Self> {
         let text = std::fs::read_to_string(path)
@@ -270,6 +296,7 @@ fn route_policy(r: &RouteFile, base: &RoutePolicy, where_: &str) -> Result<Route
 impl Settings {
     /// Merges the file and the overrides, and validates the result.
     pub fn resolve(file: FileConfig, over: Overrides) -> Result<Self> {
+        let scope = file.scope()?;
         let upstream_text = over
             .upstream
             .or(file.upstream)
@@ -349,15 +376,6 @@ impl Settings {
             };
             routes = routes.route(method, pattern, route_policy(r, &route_base, &where_)?);
         }
-        let scope_headers = file
-            .scope_headers
-            .unwrap_or_else(|| vec!["authorization".to_owned()])
-            .iter()
-            .map(|h| {
-                HeaderName::from_bytes(h.as_bytes())
-                    .with_context(|| format!("scope_headers: {h:?} is not a header name"))
-            })
-            .collect::<Result<Vec<_>>>()?;
         let admin_token = match &file.admin.token_env {
             Some(var) => Some(
                 std::env::var(var)
@@ -382,7 +400,8 @@ impl Settings {
             store,
             layer: idem_http::Config {
                 routes,
-                scope_headers,
+                scope,
+                anonymous: file.anonymous.unwrap_or_default(),
                 problem_base: file
                     .problem_base
                     .unwrap_or_else(|| idem_http::DEFAULT_PROBLEM_BASE.to_owned()),
@@ -433,7 +452,7 @@ mod tests {
         )
         .unwrap_or_else(|e| panic!("{e:#}"));
         assert_eq!(s.upstream_timeout, Duration::from_secs(2));
-        assert_eq!(s.layer.scope_headers.len(), 2);
+        assert_eq!(s.layer.scope.headers().len(), 2);
         let p = s.layer.routes.policy_for(&Method::POST, "/v1/charges");
         assert!(p.require_key);
         assert_eq!(p.engine.retention, Duration::from_secs(3600));
@@ -470,6 +489,31 @@ mod tests {
         );
         let n = default_max_connections();
         assert!((1..=MAX_DEFAULT_CONNECTIONS).contains(&n), "{n}");
+    }
+
+    #[test]
+    fn callers_are_named_by_credentials_cookies_and_api_keys_and_anonymous_ones_refused() {
+        let s = parse("upstream = \"http://x:1\"").unwrap_or_else(|e| panic!("{e:#}"));
+        assert_eq!(s.layer.scope, ScopeHeaders::default());
+        assert_eq!(s.layer.anonymous, Anonymous::Refuse);
+        let s = parse(
+            "upstream = \"http://x:1\"\nanonymous = \"allow\"\nscope_headers = [\"x-api-key\", \"Cookie\"]\nscope_cookies = [\"session\"]",
+        )
+        .unwrap_or_else(|e| panic!("{e:#}"));
+        assert_eq!(s.layer.anonymous, Anonymous::Allow);
+        assert_eq!(s.layer.scope.describe(), "x-api-key, cookie (session)");
+        let err = |t: &str| parse(t).err().map(|e| format!("{e:#}")).unwrap_or_default();
+        let e = err("upstream = \"http://x:1\"\nanonymous = \"maybe\"");
+        assert!(e.contains("expected `refuse` or `allow`"), "{e}");
+        let e = err(
+            "upstream = \"http://x:1\"\nscope_headers = [\"authorization\"]\nscope_cookies = [\"s\"]",
+        );
+        assert!(
+            e.contains("`cookie` is not one of the scope headers"),
+            "{e}"
+        );
+        let e = err("upstream = \"http://x:1\"\nscope_cookies = [\"a b\"]");
+        assert!(e.contains("is not a cookie name"), "{e}");
     }
 
     #[test]

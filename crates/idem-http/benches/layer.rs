@@ -39,6 +39,8 @@ fn router(with_layer: bool) -> Router {
         MemoryStore::new(),
         Config {
             routes,
+            // The benchmark's requests carry no credentials.
+            anonymous: idem_http::Anonymous::Allow,
             ..Config::default()
         },
     ))

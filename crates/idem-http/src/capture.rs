@@ -27,6 +27,28 @@ fn kept(name: &HeaderName) -> bool {
     )
 }
 
+/// Response headers that carry one caller's state: a session (`Set-Cookie`, and the obsolete
+/// `Set-Cookie2`) or authentication parameters for the next request (`Authentication-Info`,
+/// `Proxy-Authentication-Info`, RFC 9110 §11.6.3 and §11.7.3). They are replayed only within a
+/// caller's own scope, never in the shared anonymous one
+/// ([design §4](docs/design.md#4-which-results-are-kept)).
+pub fn is_per_caller(name: &str) -> bool {
+    name.eq_ignore_ascii_case("set-cookie")
+        || name.eq_ignore_ascii_case("set-cookie2")
+        || name.eq_ignore_ascii_case("authentication-info")
+        || name.eq_ignore_ascii_case("proxy-authentication-info")
+}
+
+/// Takes the per-caller headers ([`is_per_caller`]) out of a stored response and returns
+/// them, in order.
+pub fn withhold_per_caller(stored: &mut StoredResponse) -> Vec<(String, Vec<u8>)> {
+    let (withheld, kept) = std::mem::take(&mut stored.headers)
+        .into_iter()
+        .partition(|(name, _)| is_per_caller(name));
+    stored.headers = kept;
+    withheld
+}
+
 /// A buffered response in stored form.
 pub fn to_stored(status: StatusCode, headers: &HeaderMap, body: Bytes) -> StoredResponse {
     StoredResponse {
@@ -48,8 +70,14 @@ pub fn from_stored(stored: &StoredResponse) -> Option<Response<Bytes>> {
     };
     let mut resp = Response::new(Bytes::copy_from_slice(body));
     *resp.status_mut() = StatusCode::from_u16(stored.status).unwrap_or(StatusCode::OK);
+    append_headers(&mut resp, &stored.headers);
+    Some(resp)
+}
+
+/// Appends headers in stored form to a response; those that do not parse are skipped.
+pub fn append_headers<B>(resp: &mut Response<B>, stored: &[(String, Vec<u8>)]) {
     let headers = resp.headers_mut();
-    for (name, value) in &stored.headers {
+    for (name, value) in stored {
         if let (Ok(n), Ok(v)) = (
             HeaderName::from_bytes(name.as_bytes()),
             HeaderValue::from_bytes(value),
@@ -57,7 +85,6 @@ pub fn from_stored(stored: &StoredResponse) -> Option<Response<Bytes>> {
             headers.append(n, v);
         }
     }
-    Some(resp)
 }
 
 /// Marks a response as a replay.

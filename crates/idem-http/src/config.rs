@@ -2,8 +2,7 @@
 
 use std::time::Duration;
 
-use http::HeaderName;
-use http::header::AUTHORIZATION;
+use idem_core::{Anonymous, ScopeHeaders};
 
 use crate::policy::Routes;
 use crate::problem::DEFAULT_PROBLEM_BASE;
@@ -13,9 +12,15 @@ use crate::problem::DEFAULT_PROBLEM_BASE;
 pub struct Config {
     /// Per-route policy; unlisted routes honour a key when one is sent.
     pub routes: Routes,
-    /// Headers whose values name the caller ([design §1](docs/design.md#1-words)): their hash is
-    /// the scope. A request with none of them is in the anonymous scope.
-    pub scope_headers: Vec<HeaderName>,
+    /// Which headers (and cookies) name the caller ([design §1](docs/design.md#1-words)):
+    /// their hash is the scope, and a stored response is replayed only within it. By default
+    /// `authorization`, `proxy-authorization`, `cookie`, `x-api-key`, `api-key` and
+    /// `x-auth-token`.
+    pub scope: ScopeHeaders,
+    /// What a keyed request that carries none of them gets: refused with 400
+    /// `principal-missing` (the default), or accepted in the one shared `anonymous` scope,
+    /// where `Set-Cookie` and the like are never stored ([design §4](docs/design.md#4-which-results-are-kept)).
+    pub anonymous: Anonymous,
     /// Base of problem type URIs.
     pub problem_base: String,
     /// How often a waiting duplicate re-reads the store when the first request runs in
@@ -30,7 +35,8 @@ impl Default for Config {
     fn default() -> Self {
         Config {
             routes: Routes::default(),
-            scope_headers: vec![AUTHORIZATION],
+            scope: ScopeHeaders::default(),
+            anonymous: Anonymous::Refuse,
             problem_base: DEFAULT_PROBLEM_BASE.to_owned(),
             poll_interval: Duration::from_millis(25),
             max_response_bytes: 64 * 1024 * 1024,

@@ -37,6 +37,7 @@ pub mod service;
 
 pub use capture::REPLAYED;
 pub use config::Config;
+pub use idem_core::{Anonymous, ScopeHeaders};
 pub use layer::IdempotencyLayer;
 pub use policy::{
     PathPattern, PatternError, Route, RoutePolicy, Routes, Unmatched, screen, screen_path,

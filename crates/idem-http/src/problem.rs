@@ -23,6 +23,9 @@ pub enum Problem {
     KeyMissing,
     /// 400: the key is malformed, too long, or sent twice.
     KeyInvalid(String),
+    /// 400: a keyed request names no caller and anonymous callers are refused; the scope
+    /// headers, described for people.
+    PrincipalMissing(String),
     /// 413: the body is over the route's bound (it must be buffered to be fingerprinted).
     BodyTooLarge(usize),
     /// 400: the body could not be read.
@@ -64,6 +67,7 @@ impl Problem {
         match self {
             Problem::KeyMissing => ProblemType::KeyMissing,
             Problem::KeyInvalid(_) => ProblemType::KeyInvalid,
+            Problem::PrincipalMissing(_) => ProblemType::PrincipalMissing,
             Problem::BodyTooLarge(_) => ProblemType::BodyTooLarge,
             Problem::BodyUnreadable(_) => ProblemType::BodyUnreadable,
             Problem::KeyReused => ProblemType::KeyReused,
@@ -88,6 +92,7 @@ impl Problem {
             Problem::KeyMissing
             | Problem::KeyInvalid(_)
             | Problem::BodyUnreadable(_)
+            | Problem::PrincipalMissing(_)
             | Problem::RequestInvalid(_) => StatusCode::BAD_REQUEST,
             Problem::MethodNotAllowed(_) => StatusCode::METHOD_NOT_ALLOWED,
             Problem::BodyTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
@@ -104,6 +109,7 @@ impl Problem {
         match self {
             Problem::KeyMissing => "Idempotency-Key header required",
             Problem::KeyInvalid(_) => "Invalid Idempotency-Key",
+            Problem::PrincipalMissing(_) => "Caller not named",
             Problem::BodyTooLarge(_) => "Request body too large",
             Problem::BodyUnreadable(_) => "Request body unreadable",
             Problem::KeyReused => "Idempotency-Key reused for another request",
@@ -121,6 +127,7 @@ impl Problem {
         match self {
             Problem::KeyMissing => "This endpoint requires an Idempotency-Key header on unsafe methods; send a unique key per intent and reuse it on every retry.".into(),
             Problem::KeyInvalid(why) => format!("{why}. A key is 1 to 255 characters of visible ASCII, sent once."),
+            Problem::PrincipalMissing(headers) => format!("A request with an Idempotency-Key must say who its caller is, with one of these headers: {headers}. Its result is replayed only to that caller, never to another. Send your credentials; an operator can also accept callers without them in one shared scope (anonymous = \"allow\")."),
             Problem::BodyTooLarge(max) => format!("Requests with an Idempotency-Key are buffered to fingerprint them; this endpoint accepts at most {max} bytes."),
             Problem::BodyUnreadable(why) => format!("The request body could not be read: {why}."),
             Problem::KeyReused => "This key was first used for a request with another method, path or body. Use a new key for a new intent.".into(),

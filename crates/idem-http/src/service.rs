@@ -10,10 +10,15 @@ use std::time::Duration;
 use bytes::Bytes;
 use http::{HeaderMap, Method, Request, Response};
 use http_body_util::{BodyExt, Full, Limited, combinators::UnsyncBoxBody};
-use idem_core::{Answer, Effect, Engine, Fingerprint, Key, Outcome, Scope, Store, StoredBody};
+use idem_core::{
+    Anonymous, Answer, Effect, Engine, Fingerprint, Key, Outcome, Scope, Store, StoredBody,
+};
 use tower_service::Service;
 
-use crate::capture::{content_type, from_stored, mark_replayed, to_stored};
+use crate::capture::{
+    append_headers, content_type, from_stored, is_per_caller, mark_replayed, to_stored,
+    withhold_per_caller,
+};
 use crate::config::Config;
 use crate::problem::Problem;
 
@@ -150,8 +155,16 @@ impl<St: Store> Shared<St> {
         respond(p.to_response(&self.config.problem_base))
     }
 
-    fn scope_of(&self, headers: &HeaderMap) -> Scope {
-        Scope::from_headers(headers, &self.config.scope_headers)
+    /// The caller's scope, or the refusal of a request that names none when anonymous
+    /// callers are refused ([design §1](docs/design.md#1-words)).
+    fn scope_of(&self, headers: &HeaderMap) -> Result<Scope, Problem> {
+        match (self.config.scope.principal(headers), self.config.anonymous) {
+            (Some(scope), _) => Ok(scope),
+            (None, Anonymous::Allow) => Ok(Scope::anonymous()),
+            (None, Anonymous::Refuse) => {
+                Err(Problem::PrincipalMissing(self.config.scope.describe()))
+            }
+        }
     }
 
     async fn handle<S, F, E, ReqBody, ResBody>(
@@ -201,6 +214,13 @@ impl<St: Store> Shared<St> {
                 return Ok(self.problem(&Problem::KeyInvalid(why)));
             }
         };
+        let scope = match self.scope_of(req.headers()) {
+            Ok(scope) => scope,
+            Err(refused) => {
+                Outcome::Invalid.count();
+                return Ok(self.problem(&refused));
+            }
+        };
         let (parts, body) = req.into_parts();
         // A declared length over the bound is refused before the body is read, so a client
         // that sent `Expect: 100-continue` gets 413 instead of being told to go on.
@@ -219,7 +239,6 @@ impl<St: Store> Shared<St> {
                 return Ok(self.problem(&Problem::BodyUnreadable(e.to_string())));
             }
         };
-        let scope = self.scope_of(&parts.headers);
         let target = parts
             .uri
             .path_and_query()
@@ -235,19 +254,32 @@ impl<St: Store> Shared<St> {
             self.config.max_response_bytes,
             self.config.problem_base.clone(),
         );
+        // In the scope every anonymous caller shares, nothing that carries one caller's state
+        // is kept for the others (design §4).
+        let shared = scope == Scope::anonymous();
         let answer = self
             .engine
             .run(scope, key, fingerprint, &policy.engine, move || {
-                execute(work, max_response, problem_base)
+                execute(work, max_response, problem_base, shared)
             })
             .await;
         let Ok(answer) = answer else {
             return Ok(self.problem(&Problem::StoreUnavailable));
         };
         Ok(match answer {
-            Answer::Executed { response, .. } => from_stored(&response)
-                .map_or_else(|| self.problem(&Problem::StoreUnavailable), respond),
-            Answer::NotSent(unstored) | Answer::Unknown(unstored) => match unstored {
+            Answer::Executed {
+                response,
+                value: (_, withheld),
+                ..
+            } => match from_stored(&response) {
+                Some(mut resp) => {
+                    // The executing caller's own state goes to it, though it was not stored.
+                    append_headers(&mut resp, &withheld);
+                    respond(resp)
+                }
+                None => self.problem(&Problem::StoreUnavailable),
+            },
+            Answer::NotSent((unstored, _)) | Answer::Unknown((unstored, _)) => match unstored {
                 Some(Ok(resp)) => respond(resp),
                 Some(Err(e)) => return Err(e),
                 None => self.problem(&Problem::OutcomeUnknown),
@@ -265,6 +297,18 @@ impl<St: Store> Shared<St> {
                     }
                     _ => self.problem(&Problem::StoreUnavailable),
                 };
+                if shared {
+                    // A record stored before per-caller headers were withheld.
+                    let names: Vec<_> = resp
+                        .headers()
+                        .keys()
+                        .filter(|n| is_per_caller(n.as_str()))
+                        .cloned()
+                        .collect();
+                    for name in names {
+                        resp.headers_mut().remove(name);
+                    }
+                }
                 mark_replayed(&mut resp);
                 resp
             }
@@ -279,13 +323,19 @@ impl<St: Store> Shared<St> {
 /// the inner service's error), beside [`Effect::NotSent`] or [`Effect::Unknown`].
 type Unstored<E> = Option<Result<Response<Bytes>, E>>;
 
+/// Headers of a stored response that were withheld from the record (in stored form): the
+/// executing caller gets them, replays do not.
+type Withheld = Vec<(String, Vec<u8>)>;
+
 /// Calls the inner service once and reports what happened to the engine, with the response
-/// to return when it is not to be stored.
+/// to return when it is not to be stored. In the `shared` (anonymous) scope, per-caller
+/// headers are withheld from what is stored.
 async fn execute<S, F, E, ResBody>(
     (mut svc, req): (S, Request<Body>),
     max_response: usize,
     problem_base: String,
-) -> (Effect, Unstored<E>)
+    shared: bool,
+) -> (Effect, (Unstored<E>, Withheld))
 where
     S: Service<Request<Body>, Response = Response<ResBody>, Future = F, Error = E>,
     F: Future<Output = Result<Response<ResBody>, E>>,
@@ -296,7 +346,7 @@ where
         Ok(resp) => resp,
         Err(e) => {
             // The handler failed: whatever it did before failing is unknown.
-            return (Effect::Unknown, Some(Err(e)));
+            return (Effect::Unknown, (Some(Err(e)), Vec::new()));
         }
     };
     let marker = resp.extensions().get::<Executed>().copied();
@@ -306,21 +356,26 @@ where
         Err(e) => {
             tracing::error!(error = %e, "the response body failed midway or was over max_response_bytes; outcome unknown");
             let failed = Problem::ResponseFailed.to_response(&problem_base);
-            return (Effect::Unknown, Some(Ok(failed)));
+            return (Effect::Unknown, (Some(Ok(failed)), Vec::new()));
         }
     };
     match marker {
         Some(Executed::NotSent) => (
             Effect::NotSent,
-            Some(Ok(Response::from_parts(parts, bytes))),
+            (Some(Ok(Response::from_parts(parts, bytes))), Vec::new()),
         ),
         Some(Executed::Unknown) => (
             Effect::Unknown,
-            Some(Ok(Response::from_parts(parts, bytes))),
+            (Some(Ok(Response::from_parts(parts, bytes))), Vec::new()),
         ),
-        None => (
-            Effect::Done(to_stored(parts.status, &parts.headers, bytes)),
-            None,
-        ),
+        None => {
+            let mut stored = to_stored(parts.status, &parts.headers, bytes);
+            let withheld = if shared {
+                withhold_per_caller(&mut stored)
+            } else {
+                Vec::new()
+            };
+            (Effect::Done(stored), (None, withheld))
+        }
     }
 }

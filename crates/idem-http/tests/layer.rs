@@ -17,7 +17,7 @@ use idem_core::{
     Claim, ClaimRequest, FencingToken, Key, MemoryStore, Policy, Record, Resolution, Scope, Store,
     StoreError, StoredResponse, Timestamp,
 };
-use idem_http::{Config, IdempotencyLayer, PathPattern, RoutePolicy, Routes};
+use idem_http::{Anonymous, Config, IdempotencyLayer, PathPattern, RoutePolicy, Routes};
 use tower::ServiceExt;
 
 #[derive(Clone, Default)]
@@ -30,7 +30,8 @@ impl Counter {
 }
 
 /// A charge endpoint that is not idempotent itself: each call makes a new charge id. The
-/// `x-status` header picks its status, `x-sleep-ms` makes it slow, `x-size` pads the body.
+/// `x-status` header picks its status, `x-sleep-ms` makes it slow, `x-size` pads the body,
+/// `x-set-cookie` sets a cookie.
 async fn charge(State(count): State<Counter>, headers: HeaderMap, body: String) -> Response {
     let n = count.0.fetch_add(1, Ordering::SeqCst) + 1;
     let header = |name: &str| {
@@ -50,7 +51,7 @@ async fn charge(State(count): State<Counter>, headers: HeaderMap, body: String) 
         .unwrap_or(StatusCode::CREATED);
     let pad = "x".repeat(header("x-size").unwrap_or(0) as usize);
     let body = format!(r#"{{"charge_id":"ch_{n}","request":{body:?},"pad":"{pad}"}}"#);
-    (
+    let mut resp = (
         status,
         [
             ("content-type", "application/json"),
@@ -58,13 +59,20 @@ async fn charge(State(count): State<Counter>, headers: HeaderMap, body: String) 
         ],
         body,
     )
-        .into_response()
+        .into_response();
+    // A session for the caller: `x-set-cookie` comes back as `set-cookie`.
+    if let Some(cookie) = headers.get("x-set-cookie") {
+        resp.headers_mut().append("set-cookie", cookie.clone());
+    }
+    resp
 }
 
 fn pattern(p: &str) -> PathPattern {
     PathPattern::new(p).expect("path pattern")
 }
 
+/// The routes of these tests; callers without credentials allowed, since most tests send none
+/// (the scope tests use [`Config::default`]'s refusal).
 fn config(policy: RoutePolicy) -> Config {
     let routes = Routes::default()
         .route(Some(http::Method::POST), pattern("/v1/charges"), policy)
@@ -78,18 +86,23 @@ fn config(policy: RoutePolicy) -> Config {
         );
     Config {
         routes,
+        anonymous: Anonymous::Allow,
         ..Config::default()
     }
 }
 
 fn app<St: Store + Clone>(store: St, policy: RoutePolicy) -> (Router, Counter) {
+    app_with(store, config(policy))
+}
+
+fn app_with<St: Store + Clone>(store: St, config: Config) -> (Router, Counter) {
     let count = Counter::default();
     let router = Router::new()
         .route("/v1/charges", post(charge).get(charge))
         .route("/v1/other", post(charge))
         .route("/v1/small", post(charge))
         .with_state(count.clone())
-        .layer(IdempotencyLayer::new(store, config(policy)));
+        .layer(IdempotencyLayer::new(store, config));
     (router, count)
 }
 
@@ -278,6 +291,138 @@ async fn scopes_keep_principals_apart() {
     let anon = send(&app, post_req("/v1/charges", Some("same"), BODY), BODY).await;
     assert!(!anon.replayed());
     assert_eq!(count.get(), 3);
+}
+
+/// Issue 13: `Config::default()` named callers by `Authorization` only, so callers named by a
+/// cookie or an API key shared the anonymous scope, and one got another's response and
+/// `Set-Cookie`. Now they are scopes of their own, and a keyed request naming no caller is
+/// refused before anything runs.
+#[tokio::test]
+async fn by_default_cookies_and_api_keys_name_callers_and_anonymous_keys_are_refused() {
+    let (app, count) = app_with(MemoryStore::new(), Config::default());
+    let as_ =
+        |name: &str, value: &str| post_req("/v1/charges", Some("same"), BODY).header(name, value);
+    let alice = send(
+        &app,
+        as_("cookie", "s=alice").header("x-set-cookie", "s=alice-2"),
+        BODY,
+    )
+    .await;
+    assert_eq!(alice.status, StatusCode::CREATED, "{}", alice.body);
+    assert_eq!(
+        alice.headers.get("set-cookie").map(|v| v.as_bytes()),
+        Some(&b"s=alice-2"[..])
+    );
+    let bob = send(&app, as_("cookie", "s=bob"), BODY).await;
+    assert!(!bob.replayed(), "bob got alice's response: {}", bob.body);
+    assert!(
+        bob.headers.get("set-cookie").is_none(),
+        "bob got alice's session"
+    );
+    let again = send(&app, as_("cookie", "s=alice"), BODY).await;
+    assert!(again.replayed());
+    assert_eq!(
+        again.headers.get("set-cookie"),
+        alice.headers.get("set-cookie")
+    );
+    let key1 = send(&app, as_("x-api-key", "k1"), BODY).await;
+    let key2 = send(&app, as_("x-api-key", "k2"), BODY).await;
+    assert!(!key1.replayed() && !key2.replayed());
+    assert_eq!(count.get(), 4);
+    let anon = send(&app, post_req("/v1/charges", Some("same"), BODY), BODY).await;
+    assert_eq!(anon.status, StatusCode::BAD_REQUEST);
+    assert_eq!(anon.problem_type(), "urn:idem:problem:principal-missing");
+    assert_eq!(count.get(), 4);
+}
+
+/// Where anonymous callers are allowed, per-caller headers are not stored in their shared
+/// scope (the first caller still gets them), and are dropped from a replay there even if a
+/// record holds them (stored by an earlier version, or by an operator).
+#[tokio::test]
+async fn the_anonymous_scope_never_replays_set_cookie() {
+    let store = MemoryStore::new();
+    let (app, count) = app(store.clone(), RoutePolicy::requiring_key());
+    let first = send(
+        &app,
+        post_req("/v1/charges", Some("anon"), BODY)
+            .header("x-set-cookie", "s=first")
+            .header("content-type", "application/json"),
+        BODY,
+    )
+    .await;
+    assert_eq!(
+        first.headers.get("set-cookie").map(|v| v.as_bytes()),
+        Some(&b"s=first"[..])
+    );
+    let key = Key::new("anon").expect("key");
+    let record = store
+        .get(&Scope::anonymous(), &key)
+        .await
+        .expect("get")
+        .expect("record");
+    let stored = record.response.expect("response");
+    assert!(
+        stored.headers.iter().all(|(n, _)| n != "set-cookie"),
+        "{:?}",
+        stored.headers
+    );
+    assert!(stored.headers.iter().any(|(n, _)| n == "x-charge"));
+    let replay = send(&app, post_req("/v1/charges", Some("anon"), BODY), BODY).await;
+    assert!(replay.replayed());
+    assert!(replay.headers.get("set-cookie").is_none());
+    assert_eq!(count.get(), 1);
+
+    // A record that holds one anyway.
+    let old = Key::new("old").expect("key");
+    let claim = store
+        .claim(ClaimRequest {
+            scope: Scope::anonymous(),
+            key: old.clone(),
+            fingerprint: idem_core::Fingerprint::http(
+                "POST",
+                "/v1/charges",
+                Some("application/json"),
+                BODY.as_bytes(),
+            ),
+            lease: Duration::from_secs(30),
+            retention: Duration::from_secs(3600),
+            on_abandoned: idem_core::AbandonedPolicy::Reject,
+        })
+        .await
+        .expect("claim");
+    let Claim::Acquired(lease) = claim else {
+        panic!("{claim:?}")
+    };
+    let headers = vec![
+        ("set-cookie".to_owned(), b"s=old".to_vec()),
+        (
+            "authentication-info".to_owned(),
+            b"nextnonce=\"x\"".to_vec(),
+        ),
+        ("x-charge".to_owned(), b"ch_old".to_vec()),
+    ];
+    store
+        .complete(
+            &Scope::anonymous(),
+            &old,
+            lease.token,
+            StoredResponse {
+                status: 201,
+                headers,
+                body: idem_core::StoredBody::Full(b"{}".to_vec()),
+            },
+        )
+        .await
+        .expect("complete");
+    let replay = send(&app, post_req("/v1/charges", Some("old"), BODY), BODY).await;
+    assert!(replay.replayed(), "{}", replay.body);
+    assert_eq!(
+        replay.headers.get("x-charge").map(|v| v.as_bytes()),
+        Some(&b"ch_old"[..])
+    );
+    assert!(replay.headers.get("set-cookie").is_none());
+    assert!(replay.headers.get("authentication-info").is_none());
+    assert_eq!(count.get(), 1);
 }
 
 #[tokio::test]

@@ -46,7 +46,8 @@ pub fn plain_app(ledger: Ledger) -> Router {
 }
 
 /// The service: `POST /v1/charges` requires an `Idempotency-Key`; keys are scoped by the
-/// `Authorization` header and kept 24 hours in `store`.
+/// caller's credentials (`Authorization`, `Cookie`, `X-Api-Key`, ...: the default scope
+/// headers), a keyed request without any is refused, and records are kept 24 hours in `store`.
 pub fn app<St: Store>(store: St, ledger: Ledger) -> Router {
     let charges = PathPattern::new("/v1/charges").unwrap_or_else(|e| unreachable!("{e}"));
     let routes = Routes::default().route(

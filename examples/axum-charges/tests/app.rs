@@ -10,6 +10,8 @@ use example_axum_charges::{Ledger, app, plain_app};
 async fn post(app: &axum::Router, key: &str) -> (u16, bool, serde_json::Value) {
     let req = Request::post("/v1/charges")
         .header("idempotency-key", key)
+        // The caller: keys are scoped by it, and a keyed request naming none is refused.
+        .header("authorization", "Bearer shop-1")
         .header("content-type", "application/json")
         .body(Body::from(r#"{"customer_id":"cus_1","amount_cents":4900}"#))
         .expect("charge request");

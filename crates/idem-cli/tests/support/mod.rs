@@ -44,17 +44,32 @@ pub fn start_gateway_limited(
     extra_config: &str,
     file_size_kib: Option<u32>,
 ) -> Gateway {
-    spawn_gateway(upstream, extra_config, file_size_kib, None)
+    spawn_gateway(
+        upstream,
+        &format!("{CONFIG}\n{extra_config}"),
+        file_size_kib,
+        None,
+    )
+}
+
+/// A gateway configured by `config` alone (TOML text), not [`CONFIG`].
+pub fn start_gateway_with(upstream: &str, config: &str) -> Gateway {
+    spawn_gateway(upstream, config, None, None)
 }
 
 /// A gateway on a shared store (postgres://..., redis://...).
 pub fn start_gateway_on(upstream: &str, extra_config: &str, store: &str) -> Gateway {
-    spawn_gateway(upstream, extra_config, None, Some(store))
+    spawn_gateway(
+        upstream,
+        &format!("{CONFIG}\n{extra_config}"),
+        None,
+        Some(store),
+    )
 }
 
 fn spawn_gateway(
     upstream: &str,
-    extra_config: &str,
+    config_text: &str,
     file_size_kib: Option<u32>,
     store: Option<&str>,
 ) -> Gateway {
@@ -62,7 +77,7 @@ fn spawn_gateway(
     let db = dir.path().join("idem.db");
     let store = store.map_or_else(|| format!("sqlite:{}", db.display()), str::to_owned);
     let config = dir.path().join("idem.toml");
-    std::fs::write(&config, format!("{CONFIG}\n{extra_config}")).unwrap_or_else(|e| panic!("{e}"));
+    std::fs::write(&config, config_text).unwrap_or_else(|e| panic!("{e}"));
     let mut command = match file_size_kib {
         None => Command::new(env!("CARGO_BIN_EXE_idem")),
         Some(kib) => {

@@ -44,6 +44,11 @@ pub async fn start_gateway(upstream: &str) -> Gateway {
     start_gateway_with(upstream, |_| {}, SqliteOptions::default()).await
 }
 
+/// Starts a gateway in front of `upstream`, configured by `config` (TOML text).
+pub async fn start_gateway_from(upstream: &str, config: &str) -> Gateway {
+    start_configured(upstream, config, |_| {}, SqliteOptions::default()).await
+}
+
 /// Starts a gateway in front of `upstream`, its [`CONFIG`] changed by `tune` and its SQLite
 /// store (at [`Gateway::db_path`]) opened with `options`.
 pub async fn start_gateway_with(
@@ -51,9 +56,18 @@ pub async fn start_gateway_with(
     tune: impl FnOnce(&mut FileConfig),
     options: SqliteOptions,
 ) -> Gateway {
+    start_configured(upstream, CONFIG, tune, options).await
+}
+
+async fn start_configured(
+    upstream: &str,
+    config: &str,
+    tune: impl FnOnce(&mut FileConfig),
+    options: SqliteOptions,
+) -> Gateway {
     let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
     let db = dir.path().join("idem.db");
-    let mut file = FileConfig::parse(CONFIG).unwrap_or_else(|e| panic!("{e:#}"));
+    let mut file = FileConfig::parse(config).unwrap_or_else(|e| panic!("{e:#}"));
     tune(&mut file);
     // The binary reads the token from the variable CONFIG names; setting a variable in a
     // test process is unsafe, so here the token is given directly.

@@ -63,7 +63,7 @@ pub async fn charge(
         .collect();
     let doc =
         serde_json::json!({ "charge_id": format!("ch_{n}"), "request": body, "headers": echo });
-    (
+    let mut resp = (
         status,
         [
             ("content-type", "application/json"),
@@ -71,7 +71,12 @@ pub async fn charge(
         ],
         doc.to_string(),
     )
-        .into_response()
+        .into_response();
+    // A session the upstream hands its caller: `x-set-cookie` comes back as `set-cookie`.
+    if let Some(cookie) = headers.get("x-set-cookie") {
+        resp.headers_mut().append("set-cookie", cookie.clone());
+    }
+    resp
 }
 
 /// A body that sends a few bytes, then nothing, ever.
@@ -136,9 +141,11 @@ async fn record(
 
 /// The configuration every test gateway runs with: one route that requires keys, small
 /// bounds and short timeouts. The admin token comes from `TEST_ADMIN_TOKEN`, set to
-/// [`ADMIN_TOKEN`].
+/// [`ADMIN_TOKEN`]. The test client sends no credentials unless a test adds them, so callers
+/// without any are allowed, in the shared anonymous scope (the default refuses them; the
+/// scope tests run with [`SCOPE_CONFIG`]).
 pub const CONFIG: &str = r#"
-scope_headers = ["authorization"]
+anonymous = "allow"
 [limits]
 max_body_bytes = 4096
 [timeouts]
@@ -147,6 +154,15 @@ lease = "2s"
 shutdown = "5s"
 [admin]
 token_env = "TEST_ADMIN_TOKEN"
+[[routes]]
+method = "POST"
+path = "/v1/charges"
+require_key = true
+"#;
+
+/// The scope tests' configuration: the default scope headers and the default refusal of
+/// callers without any; the route of [`CONFIG`].
+pub const SCOPE_CONFIG: &str = r#"
 [[routes]]
 method = "POST"
 path = "/v1/charges"
