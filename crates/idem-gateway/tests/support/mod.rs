@@ -4,6 +4,7 @@
 // Each test binary uses part of this.
 #![allow(dead_code, unreachable_pub)]
 use std::net::SocketAddr;
+use std::sync::Arc;
 
 use idem_gateway::{Bound, FileConfig, Overrides, Settings};
 use idem_store_sqlite::SqliteStore;
@@ -20,7 +21,8 @@ pub struct Gateway {
     pub admin: SocketAddr,
     stop: Option<oneshot::Sender<()>>,
     task: JoinHandle<anyhow::Result<()>>,
-    _dir: tempfile::TempDir,
+    /// Where its SQLite file is: another gateway started in it shares the store.
+    pub dir: Arc<tempfile::TempDir>,
 }
 
 impl Listens for Gateway {
@@ -41,9 +43,24 @@ impl Drop for Gateway {
 
 /// Starts a gateway in front of `upstream` (`http://host:port`).
 pub async fn start_gateway(upstream: &str) -> Gateway {
-    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    start_gateway_with(upstream, CONFIG).await
+}
+
+/// Starts a gateway in front of `upstream`, configured by `config` (TOML text).
+pub async fn start_gateway_with(upstream: &str, config: &str) -> Gateway {
+    let dir = Arc::new(tempfile::tempdir().unwrap_or_else(|e| panic!("{e}")));
+    start_gateway_in(dir, upstream, config).await
+}
+
+/// Starts a gateway on the SQLite file in `dir`, in front of `upstream`, configured by
+/// `config` (TOML text).
+pub async fn start_gateway_in(
+    dir: Arc<tempfile::TempDir>,
+    upstream: &str,
+    config: &str,
+) -> Gateway {
     let db = dir.path().join("idem.db");
-    let mut file = FileConfig::parse(CONFIG).unwrap_or_else(|e| panic!("{e:#}"));
+    let mut file = FileConfig::parse(config).unwrap_or_else(|e| panic!("{e:#}"));
     // The binary reads the token from the variable CONFIG names; setting a variable in a
     // test process is unsafe, so here the token is given directly.
     file.admin.token_env = None;
@@ -55,6 +72,7 @@ pub async fn start_gateway(upstream: &str) -> Gateway {
             admin_listen: Some(loopback),
             upstream: Some(upstream.to_owned()),
             store: Some(format!("sqlite:{}", db.display())),
+            ..Overrides::default()
         },
     )
     .unwrap_or_else(|e| panic!("{e:#}"));
@@ -84,6 +102,6 @@ pub async fn start_gateway(upstream: &str) -> Gateway {
         admin: bound.admin,
         stop: Some(stop),
         task,
-        _dir: dir,
+        dir,
     }
 }
