@@ -162,10 +162,16 @@ impl Proxy {
         // them under a request; one it closed anyway while the request waited to be written
         // is retried on a new connection by the client (`retry_canceled_requests`, on by
         // default): that request was never written.
+        // `pool_idle_timeout = "0s"`: a connection per request.
+        let max_idle = if settings.pool_idle_timeout.is_zero() {
+            0
+        } else {
+            256
+        };
         let client = Client::builder(TokioExecutor::new())
             .pool_idle_timeout(settings.pool_idle_timeout)
             .pool_timer(TokioTimer::new())
-            .pool_max_idle_per_host(256)
+            .pool_max_idle_per_host(max_idle)
             .retry_canceled_requests(true)
             .build(connector);
         Ok(Proxy {
