@@ -217,9 +217,14 @@ pub(crate) struct ServeArgs {
     /// Address to listen on [default: 127.0.0.1:8080].
     #[arg(long, env = "IDEM_LISTEN", value_name = "ADDR", value_parser = socket_addr)]
     pub(crate) listen: Option<std::net::SocketAddr>,
-    /// The service behind the gateway, as http://host:port[/prefix].
+    /// The service behind the gateway: http://host:port or https://host (port optional), with an
+    /// optional path prefix (http://host:port/api).
     #[arg(long, env = "IDEM_UPSTREAM", value_name = "URL")]
     pub(crate) upstream: Option<String>,
+    /// PEM file of the CA certificates to trust for an https:// upstream, instead of the
+    /// system's.
+    #[arg(long, env = "IDEM_UPSTREAM_CA", value_name = "FILE")]
+    pub(crate) upstream_ca: Option<PathBuf>,
     /// The store: sqlite:PATH, memory:, postgres://... or redis://... [default: sqlite:idem.db].
     #[arg(long, env = "IDEM_STORE", value_name = "URL")]
     pub(crate) store: Option<String>,

@@ -367,3 +367,35 @@ async fn inspect_principal_finds_the_record_of_a_caller_named_by_cookie_and_api_
     );
     assert_eq!(state(&with_flag), "completed");
 }
+
+/// `--upstream-ca` reaches the configuration: a CA file that cannot be read stops `idem serve`
+/// at startup, named, before it listens.
+#[test]
+fn an_unreadable_upstream_ca_file_stops_serve_at_startup() {
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let missing = dir.path().join("missing-ca.pem");
+    let out = Command::new(env!("CARGO_BIN_EXE_idem"))
+        .args([
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--admin-listen",
+            "127.0.0.1:0",
+        ])
+        .args(["--upstream", "https://localhost:1", "--upstream-ca"])
+        .arg(&missing)
+        .arg("--store")
+        .arg(format!("sqlite:{}", dir.path().join("idem.db").display()))
+        .stdin(std::process::Stdio::null())
+        .output()
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert!(!out.status.success(), "{out:?}");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains(&format!(
+            "cannot read the upstream CA file {}",
+            missing.display()
+        )),
+        "{stderr}"
+    );
+}

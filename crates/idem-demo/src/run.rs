@@ -98,7 +98,7 @@ async fn start_gateway<St: Store + Clone>(
         listen: Some(([127, 0, 0, 1], 0).into()),
         admin_listen: Some(([127, 0, 0, 1], 0).into()),
         upstream: Some(format!("http://{upstream}")),
-        store: None,
+        ..Overrides::default()
     };
     let settings = Settings::resolve(file, overrides)?;
     let metrics = metrics_exporter_prometheus::PrometheusBuilder::new()

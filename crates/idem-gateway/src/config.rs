@@ -3,11 +3,16 @@
 //!
 //! ```toml
 //! listen = "127.0.0.1:8080"
-//! upstream = "http://127.0.0.1:3000"
+//! upstream = "http://127.0.0.1:3000"  # or the [upstream] table below
 //! store = "sqlite:idem.db"
 //! scope_headers = ["authorization", "proxy-authorization", "cookie", "x-api-key", "api-key", "x-auth-token"]
 //! scope_cookies = ["session"]       # only these cookies name the caller (default: the whole header)
 //! anonymous = "refuse"              # a keyed request naming no caller: 400 principal-missing; or "allow"
+//!
+//! # [upstream]                       # instead of upstream = "...", with its options
+//! # url = "https://api.example.com"
+//! # ca_file = "ca.pem"               # trust these CAs instead of the system's
+//! # pool_idle_timeout = "1s"         # below the upstream's keep-alive timeout
 //!
 //! [limits]
 //! max_body_bytes = 1048576          # request bodies are buffered to fingerprint them
@@ -38,7 +43,7 @@
 //! ```
 
 use std::net::SocketAddr;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
@@ -55,8 +60,9 @@ use serde::Deserialize;
 pub struct FileConfig {
     /// Address to serve on.
     pub listen: Option<SocketAddr>,
-    /// Base URL of the service behind the gateway.
-    pub upstream: Option<String>,
+    /// The service behind the gateway: `upstream = "URL"`, or an `[upstream]` table.
+    #[serde(default, deserialize_with = "UpstreamFile::deserialize_either")]
+    pub upstream: Option<UpstreamFile>,
     /// Store URL.
     pub store: Option<String>,
     /// Headers naming the caller ([`idem_core::scope::DEFAULT_SCOPE_HEADERS`] if absent).
@@ -83,6 +89,55 @@ pub struct FileConfig {
     #[serde(default)]
     pub routes: Vec<RouteFile>,
 }
+
+/// The upstream as written: `upstream = "URL"`, or an `[upstream]` table with `url` and the
+/// connection's options.
+#[derive(Debug, Default, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct UpstreamFile {
+    /// Base URL of the service behind the gateway.
+    pub url: Option<String>,
+    /// PEM file of the CA certificates to trust for an `https://` upstream, instead of the
+    /// system's.
+    pub ca_file: Option<PathBuf>,
+    /// How long an idle pooled connection to the upstream is kept for reuse.
+    #[serde(default, with = "humantime_serde")]
+    pub pool_idle_timeout: Option<Duration>,
+}
+
+impl UpstreamFile {
+    /// Reads the value of `upstream`: a string is the URL, a table the whole
+    /// [`UpstreamFile`], with its own errors (an unknown field is named).
+    fn deserialize_either<'de, D: serde::Deserializer<'de>>(
+        d: D,
+    ) -> Result<Option<Self>, D::Error> {
+        struct Either;
+        impl<'de> serde::de::Visitor<'de> for Either {
+            type Value = UpstreamFile;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a URL like \"http://127.0.0.1:3000\", or an [upstream] table")
+            }
+            fn visit_str<E: serde::de::Error>(self, url: &str) -> Result<UpstreamFile, E> {
+                Ok(UpstreamFile {
+                    url: Some(url.to_owned()),
+                    ..UpstreamFile::default()
+                })
+            }
+            fn visit_map<M: serde::de::MapAccess<'de>>(
+                self,
+                map: M,
+            ) -> Result<UpstreamFile, M::Error> {
+                UpstreamFile::deserialize(serde::de::value::MapAccessDeserializer::new(map))
+            }
+        }
+        d.deserialize_any(Either).map(Some)
+    }
+}
+
+/// The default of `[upstream] pool_idle_timeout`: below the shortest keep-alive timeout of
+/// common servers (gunicorn's 2 s; Node's and uvicorn's 5 s), so the gateway retires an idle
+/// connection before the upstream closes it under a request (design §4).
+pub const DEFAULT_POOL_IDLE_TIMEOUT: Duration = Duration::from_secs(1);
 
 /// `[limits]`.
 #[derive(Debug, Default, Deserialize)]
@@ -165,6 +220,8 @@ pub struct Overrides {
     pub listen: Option<SocketAddr>,
     /// `--upstream` / `IDEM_UPSTREAM`.
     pub upstream: Option<String>,
+    /// `--upstream-ca` / `IDEM_UPSTREAM_CA`.
+    pub upstream_ca: Option<PathBuf>,
     /// `--store` / `IDEM_STORE`.
     pub store: Option<String>,
     /// `--admin-listen` / `IDEM_ADMIN_LISTEN`.
@@ -176,8 +233,13 @@ pub struct Overrides {
 pub struct Settings {
     /// Address to serve on.
     pub listen: SocketAddr,
-    /// Base URI of the upstream (`http://host:port`, optionally with a path prefix).
+    /// Base URI of the upstream (`http://host:port` or `https://host[:port]`, optionally
+    /// with a path prefix).
     pub upstream: Uri,
+    /// The CA certificates trusted for an `https://` upstream, instead of the system's.
+    pub upstream_ca_file: Option<PathBuf>,
+    /// How long an idle pooled upstream connection is kept.
+    pub pool_idle_timeout: Duration,
     /// The store, parsed and checked here so that a mistyped URL is refused with the rest of
     /// the configuration; the caller opens it (the gateway is generic over `Store`). Its
     /// `Debug` hides passwords (`admin_token` is not hidden: do not log `Settings`).
@@ -297,25 +359,36 @@ impl Settings {
     /// Merges the file and the overrides, and validates the result.
     pub fn resolve(file: FileConfig, over: Overrides) -> Result<Self> {
         let scope = file.scope()?;
+        let upstream_file = file.upstream.unwrap_or_default();
         let upstream_text = over
             .upstream
-            .or(file.upstream)
+            .or(upstream_file.url)
             .context("no upstream: pass --upstream URL (or IDEM_UPSTREAM, or upstream = \"...\" in the config file)")?;
         let upstream: Uri = upstream_text.parse().with_context(|| {
             format!("upstream {upstream_text:?} is not a URL like http://127.0.0.1:3000")
         })?;
+        let upstream_ca_file = over.upstream_ca.or(upstream_file.ca_file);
         if upstream.query().is_some() {
             bail!(
                 "upstream {upstream_text:?}: a query string is not forwarded; remove it (the client's own query is kept)"
             );
         }
         match (upstream.scheme_str(), upstream.authority()) {
-            (Some("http"), Some(_)) => {}
-            (Some("https"), _) => bail!(
-                "upstream {upstream_text:?}: https upstreams are not supported; run the gateway next to the service and use http"
+            (Some("http"), Some(_)) if upstream_ca_file.is_some() => bail!(
+                "upstream {upstream_text:?}: a CA file (ca_file, --upstream-ca) is for an https:// upstream"
             ),
-            _ => bail!("upstream {upstream_text:?} must look like http://host:port"),
+            (Some("http" | "https"), Some(_)) => {}
+            _ => bail!(
+                "upstream {upstream_text:?} must look like http://host:port or https://host[:port]"
+            ),
         }
+        if let Some(ca) = &upstream_ca_file {
+            // Read now, so that a wrong path is refused with the rest of the configuration.
+            crate::proxy::load_ca_file(ca)?;
+        }
+        let pool_idle_timeout = upstream_file
+            .pool_idle_timeout
+            .unwrap_or(DEFAULT_POOL_IDLE_TIMEOUT);
         let upstream_timeout = file.timeouts.upstream.unwrap_or(Duration::from_secs(30));
         let header_read_timeout = file.timeouts.header_read.unwrap_or(DEFAULT_HEADER_READ);
         if header_read_timeout.is_zero() {
@@ -397,6 +470,8 @@ impl Settings {
                 .or(file.listen)
                 .unwrap_or(([127, 0, 0, 1], 8080).into()),
             upstream,
+            upstream_ca_file,
+            pool_idle_timeout,
             store,
             layer: idem_http::Config {
                 routes,
@@ -521,6 +596,19 @@ mod tests {
         let err = |t: &str| parse(t).err().map(|e| format!("{e:#}")).unwrap_or_default();
         assert!(err("").contains("no upstream"));
         assert!(err("upstream = \"ftp://x\"").contains("must look like http://host:port"));
+        assert!(err("[upstream]\nurl = \"http://x:1\"\nca = \"x\"").contains("unknown field `ca`"));
+        assert!(
+            err("upstream = \"http://x:1\"\n[upstream]\nurl = \"http://x:2\"")
+                .contains("duplicate key")
+        );
+        assert!(
+            err("[upstream]\nurl = \"http://x:1\"\nca_file = \"/nonexistent/ca.pem\"")
+                .contains("is for an https:// upstream")
+        );
+        assert!(
+            err("[upstream]\nurl = \"https://x\"\nca_file = \"/nonexistent/ca.pem\"")
+                .contains("/nonexistent/ca.pem")
+        );
         assert!(err("upstream = \"http://x:1\"\nbogus = 1").contains("unknown field"));
         let short = err("upstream = \"http://x:1\"\n[timeouts]\nlease = \"500ms\"");
         assert!(
@@ -599,5 +687,39 @@ mod tests {
         .unwrap_or_else(|e| panic!("{e:#}"));
         assert_eq!(s.upstream.port_u16(), Some(2));
         assert_eq!(s.store, StoreUrl::Memory);
+        // --upstream-ca wins over ca_file, and is read while resolving.
+        let file: FileConfig = toml::from_str(
+            "[upstream]\nurl = \"https://api.example.com\"\nca_file = \"/from/file.pem\"",
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+        let e = Settings::resolve(
+            file,
+            Overrides {
+                upstream_ca: Some("/from/flag.pem".into()),
+                ..Overrides::default()
+            },
+        )
+        .err()
+        .map(|e| format!("{e:#}"))
+        .unwrap_or_default();
+        assert!(
+            e.contains("cannot read the upstream CA file /from/flag.pem"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn the_upstream_is_a_url_or_a_table() {
+        let s = parse("upstream = \"http://127.0.0.1:3000\"").unwrap_or_else(|e| panic!("{e:#}"));
+        assert_eq!(s.upstream.to_string(), "http://127.0.0.1:3000/");
+        assert_eq!(s.upstream_ca_file, None);
+        // Below gunicorn's keep-alive timeout, the shortest of the common servers'.
+        assert!(s.pool_idle_timeout < Duration::from_secs(2));
+        let s = parse(
+            "[upstream]\nurl = \"https://api.example.com/v2\"\npool_idle_timeout = \"250ms\"",
+        )
+        .unwrap_or_else(|e| panic!("{e:#}"));
+        assert_eq!(s.upstream.scheme_str(), Some("https"));
+        assert_eq!(s.pool_idle_timeout, Duration::from_millis(250));
     }
 }

@@ -1,21 +1,31 @@
-//! Forwarding to the upstream: a pooled hyper client, RFC 9110 proxy hygiene, and the line
-//! between "never sent" and "sent, no answer" that decides whether a key is released (§4).
+//! Forwarding to the upstream: a pooled hyper client (TLS with rustls for an `https://`
+//! upstream), RFC 9110 proxy hygiene, and the line between "never sent" and "sent, no answer"
+//! that decides whether a key is released ([design §4](docs/design.md#4-which-results-are-kept)).
 
 use std::future::Future;
 use std::net::SocketAddr;
+use std::path::Path;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
+
+use anyhow::{Context as _, bail};
 
 use bytes::Bytes;
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::{Method, Request, Response, StatusCode, Uri};
 use http_body_util::BodyExt;
+use hyper_rustls::{HttpsConnector, HttpsConnectorBuilder};
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::rt::TokioExecutor;
+use hyper_util::rt::{TokioExecutor, TokioTimer};
 use idem_http::{Body, Executed, Problem};
+use rustls::pki_types::CertificateDer;
+use rustls::pki_types::pem::PemObject;
 use tower::Service;
+
+use crate::config::Settings;
 
 /// The client's address, put into request extensions by the server.
 #[derive(Debug, Clone, Copy)]
@@ -24,7 +34,7 @@ pub struct ClientAddr(pub SocketAddr);
 /// A service that forwards requests to one upstream.
 #[derive(Debug, Clone)]
 pub struct Proxy {
-    client: Client<HttpConnector, Body>,
+    client: Client<HttpsConnector<HttpConnector>, Body>,
     upstream: Uri,
     timeout: Duration,
     problem_base: String,
@@ -60,22 +70,116 @@ fn strip_hop_by_hop(headers: &mut HeaderMap) {
     }
 }
 
+/// Reads a PEM file of CA certificates; an unreadable file, or one without a certificate,
+/// is an error that names it.
+pub fn load_ca_file(path: &Path) -> anyhow::Result<Vec<CertificateDer<'static>>> {
+    let certs = CertificateDer::pem_file_iter(path)
+        .and_then(|certs| certs.collect::<Result<Vec<_>, _>>())
+        .with_context(|| format!("cannot read the upstream CA file {}", path.display()))?;
+    if certs.is_empty() {
+        bail!(
+            "the upstream CA file {} holds no PEM certificate (-----BEGIN CERTIFICATE-----)",
+            path.display()
+        );
+    }
+    Ok(certs)
+}
+
+/// The TLS configuration for an `https://` upstream: the CAs of `ca_file`, or else the
+/// system's; the server name (SNI, and the name checked) is the upstream's host.
+fn tls_config(https: bool, ca_file: Option<&Path>) -> anyhow::Result<rustls::ClientConfig> {
+    let mut roots = rustls::RootCertStore::empty();
+    match ca_file {
+        Some(path) => {
+            for cert in load_ca_file(path)? {
+                roots
+                    .add(cert)
+                    .with_context(|| format!("the upstream CA file {}", path.display()))?;
+            }
+        }
+        // An http:// upstream never uses them: the system's store is not read.
+        None if !https => {}
+        None => {
+            let found = rustls_native_certs::load_native_certs();
+            let (added, _unparsable) = roots.add_parsable_certificates(found.certs);
+            if added == 0 {
+                let why = found
+                    .errors
+                    .first()
+                    .map(|e| format!(" ({e})"))
+                    .unwrap_or_default();
+                bail!(
+                    "no CA certificates found on this system{why}; give the upstream's CA with [upstream] ca_file or --upstream-ca"
+                );
+            }
+        }
+    }
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    Ok(rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .context("TLS configuration")?
+        .with_root_certificates(roots)
+        .with_no_client_auth())
+}
+
+/// The TLS error in a client error's chain, if the connection failed in the handshake.
+fn tls_error<'e>(e: &'e (dyn std::error::Error + 'static)) -> Option<&'e rustls::Error> {
+    let mut next = Some(e);
+    while let Some(err) = next {
+        if let Some(tls) = err.downcast_ref::<rustls::Error>() {
+            return Some(tls);
+        }
+        // An `io::Error` wraps another error (the TLS stream's io::Error, wrapped again by the
+        // connector); its `source()` would skip a level, so it is opened with `get_ref()`.
+        next = match err
+            .downcast_ref::<std::io::Error>()
+            .and_then(|io| io.get_ref())
+        {
+            Some(inner) => Some(inner as &(dyn std::error::Error + 'static)),
+            None => err.source(),
+        };
+    }
+    None
+}
+
 impl Proxy {
-    /// A proxy to `upstream` (scheme, authority and optional path prefix).
-    pub fn new(upstream: Uri, timeout: Duration, problem_base: String) -> Self {
-        let mut connector = HttpConnector::new();
-        connector.set_nodelay(true);
-        connector.set_connect_timeout(Some(timeout.min(Duration::from_secs(5))));
+    /// A proxy to the configured upstream (scheme, authority and optional path prefix).
+    /// Fails if an `https://` upstream has no CA certificates to trust.
+    pub fn new(settings: &Settings) -> anyhow::Result<Self> {
+        let upstream = settings.upstream.clone();
+        let timeout = settings.upstream_timeout;
+        let mut http = HttpConnector::new();
+        http.set_nodelay(true);
+        http.set_connect_timeout(Some(timeout.min(Duration::from_secs(5))));
+        http.enforce_http(false);
+        let https = upstream.scheme() == Some(&http::uri::Scheme::HTTPS);
+        let connector = HttpsConnectorBuilder::new()
+            .with_tls_config(tls_config(https, settings.upstream_ca_file.as_deref())?)
+            .https_or_http()
+            .enable_http1()
+            .wrap_connector(http);
+        // Idle connections are retired before the upstream's keep-alive timeout would close
+        // them under a request; one it closed anyway while the request waited to be written
+        // is retried on a new connection by the client (`retry_canceled_requests`, on by
+        // default): that request was never written.
+        // `pool_idle_timeout = "0s"`: a connection per request.
+        let max_idle = if settings.pool_idle_timeout.is_zero() {
+            0
+        } else {
+            256
+        };
         let client = Client::builder(TokioExecutor::new())
-            .pool_idle_timeout(Duration::from_secs(60))
-            .pool_max_idle_per_host(256)
+            .pool_idle_timeout(settings.pool_idle_timeout)
+            .pool_timer(TokioTimer::new())
+            .pool_max_idle_per_host(max_idle)
+            .retry_canceled_requests(true)
             .build(connector);
-        Proxy {
+        Ok(Proxy {
             client,
             upstream,
             timeout,
-            problem_base,
-        }
+            problem_base: settings.layer.problem_base.clone(),
+        })
     }
 
     fn upstream_authority(&self) -> String {
@@ -207,6 +311,20 @@ impl Proxy {
                 };
                 Response::from_parts(parts, body.boxed_unsync())
             }
+            // The TLS handshake failed, in the connector: nothing was sent.
+            Ok(Err(e)) if e.is_connect() && tls_error(&e).is_some() => {
+                let tls = tls_error(&e).map(ToString::to_string).unwrap_or_default();
+                let hint = match tls_error(&e) {
+                    Some(rustls::Error::InvalidCertificate(_)) => " (to trust a private CA, give it with [upstream] ca_file or --upstream-ca)",
+                    _ => "",
+                };
+                self.failure(
+                    StatusCode::BAD_GATEWAY,
+                    "upstream-unreachable",
+                    &format!("TLS with the upstream at {} failed: {tls}{hint}; nothing was sent, so a retry is safe", self.upstream_authority()),
+                    Executed::NotSent,
+                )
+            }
             // Nothing reached the upstream: a retry is safe, so the key is released.
             Ok(Err(e)) if e.is_connect() => self.failure(
                 StatusCode::BAD_GATEWAY,
@@ -323,7 +441,10 @@ mod tests {
 
     #[test]
     fn targets_keep_path_query_and_prefix() {
-        let p = |up: &str| Proxy::new(up.parse().unwrap(), Duration::from_secs(1), String::new());
+        let p = |up: &str| {
+            let file = crate::FileConfig::parse(&format!("upstream = {up:?}")).unwrap();
+            Proxy::new(&Settings::resolve(file, crate::Overrides::default()).unwrap()).unwrap()
+        };
         let uri: Uri = "/v1/charges?x=1".parse().unwrap();
         let t = |proxy: Proxy| {
             proxy
@@ -343,11 +464,9 @@ mod tests {
 
     #[test]
     fn targets_never_leave_the_prefix() {
-        let proxy = Proxy::new(
-            "http://127.0.0.1:3000/api".parse().unwrap(),
-            Duration::from_secs(1),
-            String::new(),
-        );
+        let file = crate::FileConfig::parse("upstream = \"http://127.0.0.1:3000/api\"").unwrap();
+        let proxy =
+            Proxy::new(&Settings::resolve(file, crate::Overrides::default()).unwrap()).unwrap();
         let t = |target: &str| proxy.target(&target.parse().unwrap());
         for bad in [
             "/../admin",

@@ -40,6 +40,8 @@ pub async fn serve<St: Store + Clone>(
     on_bound: impl FnOnce(Bound),
     shutdown: impl Future<Output = ()>,
 ) -> Result<()> {
+    // Before binding: an https:// upstream without CAs to trust is refused at startup.
+    let proxy = Proxy::new(&settings)?;
     let listener = TcpListener::bind(settings.listen)
         .await
         .with_context(|| format!("cannot listen on {}", settings.listen))?;
@@ -52,11 +54,6 @@ pub async fn serve<St: Store + Clone>(
     });
 
     let layer = IdempotencyLayer::new(store.clone(), settings.layer.clone());
-    let proxy = Proxy::new(
-        settings.upstream.clone(),
-        settings.upstream_timeout,
-        settings.layer.problem_base.clone(),
-    );
     let service = layer.layer(proxy);
 
     let admin = crate::admin::router(store.clone(), metrics, settings.admin_token.clone());

@@ -14,6 +14,7 @@ pub(crate) async fn run(args: ServeArgs) -> Result<()> {
     let overrides = Overrides {
         listen: args.listen,
         upstream: args.upstream,
+        upstream_ca: args.upstream_ca,
         store: args.store,
         admin_listen: args.admin_listen,
     };

@@ -4,6 +4,7 @@
 // Each test binary uses part of this.
 #![allow(dead_code, unreachable_pub)]
 use std::net::SocketAddr;
+use std::sync::Arc;
 
 use idem_gateway::{Bound, FileConfig, Overrides, Settings};
 use idem_store_sqlite::{SqliteOptions, SqliteStore};
@@ -20,7 +21,8 @@ pub struct Gateway {
     pub admin: SocketAddr,
     stop: Option<oneshot::Sender<()>>,
     task: JoinHandle<anyhow::Result<()>>,
-    _dir: tempfile::TempDir,
+    /// Where its SQLite file is: another gateway started in it shares the store.
+    pub dir: Arc<tempfile::TempDir>,
 }
 
 impl Listens for Gateway {
@@ -46,7 +48,8 @@ pub async fn start_gateway(upstream: &str) -> Gateway {
 
 /// Starts a gateway in front of `upstream`, configured by `config` (TOML text).
 pub async fn start_gateway_from(upstream: &str, config: &str) -> Gateway {
-    start_configured(upstream, config, |_| {}, SqliteOptions::default()).await
+    let dir = Arc::new(tempfile::tempdir().unwrap_or_else(|e| panic!("{e}")));
+    start_configured(dir, upstream, config, |_| {}, SqliteOptions::default()).await
 }
 
 /// Starts a gateway in front of `upstream`, its [`CONFIG`] changed by `tune` and its SQLite
@@ -56,16 +59,27 @@ pub async fn start_gateway_with(
     tune: impl FnOnce(&mut FileConfig),
     options: SqliteOptions,
 ) -> Gateway {
-    start_configured(upstream, CONFIG, tune, options).await
+    let dir = Arc::new(tempfile::tempdir().unwrap_or_else(|e| panic!("{e}")));
+    start_configured(dir, upstream, CONFIG, tune, options).await
+}
+
+/// Starts a gateway on the SQLite file in `dir`, in front of `upstream`, configured by
+/// `config` (TOML text): several gateways on one store.
+pub async fn start_gateway_in(
+    dir: Arc<tempfile::TempDir>,
+    upstream: &str,
+    config: &str,
+) -> Gateway {
+    start_configured(dir, upstream, config, |_| {}, SqliteOptions::default()).await
 }
 
 async fn start_configured(
+    dir: Arc<tempfile::TempDir>,
     upstream: &str,
     config: &str,
     tune: impl FnOnce(&mut FileConfig),
     options: SqliteOptions,
 ) -> Gateway {
-    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
     let db = dir.path().join("idem.db");
     let mut file = FileConfig::parse(config).unwrap_or_else(|e| panic!("{e:#}"));
     tune(&mut file);
@@ -80,6 +94,7 @@ async fn start_configured(
             admin_listen: Some(loopback),
             upstream: Some(upstream.to_owned()),
             store: Some(format!("sqlite:{}", db.display())),
+            ..Overrides::default()
         },
     )
     .unwrap_or_else(|e| panic!("{e:#}"));
@@ -109,13 +124,13 @@ async fn start_configured(
         admin: bound.admin,
         stop: Some(stop),
         task,
-        _dir: dir,
+        dir,
     }
 }
 
 impl Gateway {
     /// The gateway's SQLite file.
     pub fn db_path(&self) -> std::path::PathBuf {
-        self._dir.path().join("idem.db")
+        self.dir.path().join("idem.db")
     }
 }
