@@ -355,6 +355,12 @@ pub(crate) struct McpArgs {
     /// Over HTTP: a Host the server answers to besides loopback (repeatable).
     #[arg(long, value_name = "HOST", requires = "listen")]
     pub(crate) allowed_host: Vec<String>,
+    /// PEM certificates to trust for an https:// --upstream-url, besides the system's roots.
+    #[arg(long, value_name = "FILE", requires = "listen")]
+    pub(crate) upstream_ca: Option<PathBuf>,
+    /// Serve /healthz and /metrics (Prometheus) and /keys/KEY at this address (stdio or HTTP).
+    #[arg(long, env = "IDEM_MCP_ADMIN_LISTEN", value_name = "ADDR", value_parser = socket_addr)]
+    pub(crate) admin_listen: Option<std::net::SocketAddr>,
     /// The upstream MCP server to spawn, and its arguments (after --).
     #[arg(last = true, value_name = "COMMAND")]
     pub(crate) command: Vec<std::ffi::OsString>,

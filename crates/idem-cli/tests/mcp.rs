@@ -114,6 +114,8 @@ fn spawn_http(args: &[&str]) -> Server {
 }
 
 async fn http_client(url: &str, token: &str) -> Client {
+    // rmcp's HTTP client is reqwest with rustls, whose crypto provider the workspace picks.
+    let _ = rustls::crypto::ring::default_provider().install_default();
     let mut headers = HashMap::new();
     headers.insert(
         http::HeaderName::from_static("authorization"),

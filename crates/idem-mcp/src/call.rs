@@ -9,14 +9,20 @@
 //! problem types as the HTTP layer (`key-missing`, `key-reused`, `in-flight`, ...): a model
 //! reads tool results, and a transport failure would make its runtime retry blindly.
 //!
-//! What is kept, and why:
-//! - a result the upstream returned, `isError: true` included: the tool ran, and whatever it
-//!   did before failing may have happened; replaying it is the only answer that cannot repeat
-//!   an effect ([design §4](docs/design.md#4-which-results-are-kept): 5xx responses are kept too);
-//! - a JSON-RPC error from the upstream is kept and replayed as the same error, except the
-//!   codes that say the call was refused before the tool ran (parse error, invalid request,
-//!   method not found, invalid params): those release the key, as validation failures record
-//!   nothing (Stripe saves no result when parameters fail validation);
+//! What is kept, and why ([design §4](docs/design.md#4-which-results-are-kept)):
+//! - a result the upstream returned is kept and replayed as the upstream's raw JSON (members
+//!   this code does not know included), marked `_meta.idem` on a replay;
+//! - an error answer, a result with `isError: true` or a JSON-RPC error, is the tool saying it
+//!   did not do what was asked: it releases the key, so the runtime's retry with the same key
+//!   runs once the cause is fixed; a tool configured with `keep_errors = true` (one whose
+//!   errors can follow a partial effect, or are final answers) keeps and replays them. The
+//!   JSON-RPC errors that say the call was refused before the tool ran (parse error, invalid
+//!   request, method not found, invalid params) release the key whatever the tool's setting;
+//! - a result over the size bound is kept as its length and digest: the caller and every
+//!   retry get `response-too-large`, nothing runs again;
+//! - `resultType: "input_required"` (the server asks for input before it runs the tool) is
+//!   relayed to the client and releases the key: the client's next call, with the input,
+//!   claims it again;
 //! - a transport failure after the call was sent (the connection closed, a timeout) marks the
 //!   record abandoned: the effect may have happened, so a retry gets `outcome-unknown` (or
 //!   re-executes, under `on_unknown = "retry"`), never a silent second run.
@@ -32,33 +38,38 @@ use std::time::Duration;
 use idem_core::{
     Answer, Effect, Engine, Fingerprint, Key, ProblemType, Scope, Store, StoredBody, StoredResponse,
 };
-use rmcp::model::{CallToolResult, ContentBlock, ErrorCode, ErrorData, MetaObject};
+use serde_json::value::RawValue;
 use serde_json::{Value, json};
 use tokio_util::task::TaskTracker;
 
-use crate::policy::ToolPolicy;
+use crate::policy::{RPC_ERROR, TOOL_ERROR, ToolPolicy};
 
 /// The status a stored `CallToolResult` is kept under (the record format is HTTP-shaped).
 const RESULT: u16 = 200;
-/// The status a stored JSON-RPC error from the upstream is kept under.
-const RPC_ERROR: u16 = 500;
 
 /// What forwarding a call upstream came to.
 #[derive(Debug)]
 pub enum Forwarded {
-    /// The upstream answered with a result (`isError` or not): the tool ran.
-    Result(CallToolResult),
-    /// The upstream answered with a JSON-RPC error.
-    Error(ErrorData),
+    /// The upstream answered with a result (`isError` or not), as raw JSON.
+    Result(Box<RawValue>),
+    /// The upstream answered with a JSON-RPC error object, as raw JSON.
+    Error(Box<RawValue>),
+    /// The answer was over the size the proxy buffers: its length and SHA-256.
+    TooLarge {
+        /// Bytes.
+        len: u64,
+        /// SHA-256 of the message.
+        sha256: [u8; 32],
+    },
     /// Nothing reached the tool (the upstream was already gone): the key is released.
     NotSent(String),
     /// The call was sent and no answer came: the outcome is unknown.
     Lost(String),
 }
 
-/// What the client gets: a tool result, or a JSON-RPC error (one the upstream gave, or a
-/// store failure).
-pub type Reply = Result<CallToolResult, ErrorData>;
+/// What the client gets: a tool result, or a JSON-RPC error object (one the upstream gave),
+/// as raw JSON.
+pub type Reply = Result<Box<RawValue>, Box<RawValue>>;
 
 /// Deduplicates effect tool calls over a store.
 #[derive(Debug)]
@@ -80,11 +91,31 @@ where
 }
 
 /// The tool error result for a refusal: `text` for the model, `problem` for programs.
-pub fn refusal(problem: ProblemType, text: impl Into<String>) -> CallToolResult {
-    let mut meta = MetaObject::new();
-    meta.0
-        .insert("idem".into(), json!({ "problem": problem.name() }));
-    CallToolResult::error(vec![ContentBlock::text(text)]).with_meta(Some(meta))
+pub fn refusal(problem: ProblemType, text: impl Into<String>) -> Box<RawValue> {
+    raw(&json!({
+        "content": [{"type": "text", "text": text.into()}],
+        "isError": true,
+        "_meta": {"idem": {"problem": problem.name()}},
+    }))
+}
+
+/// A value as raw JSON.
+pub fn raw(v: &Value) -> Box<RawValue> {
+    // Serialising a `Value` cannot fail, and its text is valid JSON.
+    serde_json::value::to_raw_value(v).unwrap_or_else(|_| {
+        RawValue::from_string("null".to_owned()).unwrap_or_else(|_| unreachable!())
+    })
+}
+
+/// `_meta.idem.problem` of a reply, if it is a refusal.
+pub fn problem_of(reply: &Reply) -> Option<String> {
+    let r = reply.as_ref().ok()?;
+    let v: Value = serde_json::from_str(r.get()).ok()?;
+    v.get("_meta")?
+        .get("idem")?
+        .get("problem")?
+        .as_str()
+        .map(str::to_owned)
 }
 
 impl<S: Store + Clone> Guard<S> {
@@ -138,10 +169,10 @@ impl<S: Store + Clone> Guard<S> {
             Ok(reply) => reply,
             Err(e) => {
                 tracing::error!(error = %e, tool, "tool call task failed; the key will read as abandoned");
-                Err(ErrorData::internal_error(
-                    "the idempotency proxy failed while handling this call",
-                    None,
-                ))
+                Err(raw(&json!({
+                    "code": crate::rpc::INTERNAL_ERROR,
+                    "message": "the idempotency proxy failed while handling this call",
+                })))
             }
         }
     }
@@ -178,8 +209,12 @@ impl<S: Store + Clone> Guard<S> {
             Answer::Executed {
                 response, value, ..
             } => value.unwrap_or_else(|| decode(&response, &key, false)),
-            Answer::NotSent(value) => value
-                .unwrap_or_else(|| Err(ErrorData::internal_error("the call was not sent", None))),
+            Answer::NotSent(value) => value.unwrap_or_else(|| {
+                Err(raw(&json!({
+                    "code": crate::rpc::INTERNAL_ERROR,
+                    "message": "the call was not sent",
+                })))
+            }),
             Answer::Unknown(value) => value.unwrap_or_else(|| Ok(unknown(&tool, &key, ""))),
             Answer::Replayed(record) => match record.response {
                 Some(r) => decode(&r, &key, true),
@@ -211,7 +246,7 @@ impl<S: Store + Clone> Guard<S> {
     }
 }
 
-fn unknown(tool: &str, key: &Key, by: &str) -> CallToolResult {
+fn unknown(tool: &str, key: &Key, by: &str) -> Box<RawValue> {
     refusal(
         ProblemType::OutcomeUnknown,
         format!(
@@ -226,20 +261,35 @@ fn unknown(tool: &str, key: &Key, by: &str) -> CallToolResult {
 /// What the engine is told, and the reply for outcomes that are not stored.
 fn settle(forwarded: Forwarded) -> (Effect, Option<Reply>) {
     match forwarded {
-        Forwarded::Result(result) => match serde_json::to_vec(&result) {
-            Ok(body) => (Effect::Done(stored(RESULT, body)), None),
-            Err(e) => {
-                // Cannot happen for a value that came off the wire; if it did, the result
-                // cannot be replayed, so the outcome must read as unknown, not as absent.
-                tracing::error!(error = %e, "cannot serialise a tool result");
-                (Effect::Unknown, Some(Ok(result)))
+        Forwarded::Result(result) => {
+            let head: ResultHead = serde_json::from_str(result.get()).unwrap_or_default();
+            if head.result_type.as_deref() == Some("input_required") {
+                // The tool did not run yet: the client answers and calls again.
+                return (Effect::NotSent, Some(Ok(result)));
             }
-        },
+            let status = if head.is_error == Some(true) {
+                TOOL_ERROR
+            } else {
+                RESULT
+            };
+            (
+                Effect::Done(stored(status, result.get().as_bytes().to_vec())),
+                None,
+            )
+        }
         Forwarded::Error(e) if refused_before_running(&e) => (Effect::NotSent, Some(Err(e))),
-        Forwarded::Error(e) => match serde_json::to_vec(&e) {
-            Ok(body) => (Effect::Done(stored(RPC_ERROR, body)), None),
-            Err(_) => (Effect::Unknown, Some(Err(e))),
-        },
+        Forwarded::Error(e) => (
+            Effect::Done(stored(RPC_ERROR, e.get().as_bytes().to_vec())),
+            None,
+        ),
+        Forwarded::TooLarge { len, sha256 } => (
+            Effect::Done(StoredResponse {
+                status: RESULT,
+                headers: vec![("content-type".into(), b"application/json".to_vec())],
+                body: StoredBody::Omitted { len, sha256 },
+            }),
+            None,
+        ),
         Forwarded::NotSent(why) => (
             Effect::NotSent,
             Some(Ok(refusal(
@@ -256,15 +306,24 @@ fn settle(forwarded: Forwarded) -> (Effect, Option<Reply>) {
     }
 }
 
-/// JSON-RPC errors that mean the server refused the request before running the tool.
-fn refused_before_running(e: &ErrorData) -> bool {
-    [
-        ErrorCode::PARSE_ERROR,
-        ErrorCode::INVALID_REQUEST,
-        ErrorCode::METHOD_NOT_FOUND,
-        ErrorCode::INVALID_PARAMS,
-    ]
-    .contains(&e.code)
+/// The members of a tool result the proxy reads.
+#[derive(Debug, Default, serde::Deserialize)]
+struct ResultHead {
+    #[serde(rename = "isError", default)]
+    is_error: Option<bool>,
+    #[serde(rename = "resultType", default)]
+    result_type: Option<String>,
+}
+
+/// JSON-RPC errors that mean the server refused the request before running the tool: parse
+/// error, invalid request, method not found, invalid params.
+fn refused_before_running(e: &RawValue) -> bool {
+    #[derive(serde::Deserialize)]
+    struct Code {
+        code: i64,
+    }
+    serde_json::from_str::<Code>(e.get())
+        .is_ok_and(|c| [-32700, -32600, -32601, -32602].contains(&c.code))
 }
 
 fn stored(status: u16, body: Vec<u8>) -> StoredResponse {
@@ -283,9 +342,10 @@ fn decode(response: &StoredResponse, key: &Key, replayed: bool) -> Reply {
             return Ok(refusal(
                 ProblemType::ResponseTooLarge,
                 format!(
-                    "This idempotency_key ({key}) already ran, but its result was {len} bytes, \
-                     over the size the proxy stores, so only its digest was kept; it was not \
-                     run again."
+                    "This call (idempotency_key {key}) ran, but its result was {len} bytes, \
+                     over the size the proxy relays and stores, so only its digest was kept; \
+                     it was not run again. Ask for a smaller result (a page, a summary) as a \
+                     new intent with a new key."
                 ),
             ));
         }
@@ -299,23 +359,43 @@ fn decode(response: &StoredResponse, key: &Key, replayed: bool) -> Reply {
             ),
         ))
     };
-    match response.status {
-        RPC_ERROR => match serde_json::from_slice::<ErrorData>(body) {
+    let text = match std::str::from_utf8(body) {
+        Ok(t) => t,
+        Err(_) => {
+            return unreadable(serde_json::Error::io(
+                std::io::ErrorKind::InvalidData.into(),
+            ));
+        }
+    };
+    if response.status == RPC_ERROR {
+        return match RawValue::from_string(text.to_owned()) {
             Ok(e) => Err(e),
             Err(e) => unreadable(e),
-        },
-        _ => match serde_json::from_slice::<CallToolResult>(body) {
-            Ok(mut result) if replayed => {
-                let meta = result.meta.get_or_insert_with(MetaObject::new);
-                meta.0.insert(
-                    "idem".into(),
-                    json!({ "replayed": true, "key": Value::String(key.as_str().to_owned()) }),
-                );
-                Ok(result)
-            }
-            Ok(result) => Ok(result),
+        };
+    }
+    if !replayed {
+        return match RawValue::from_string(text.to_owned()) {
+            Ok(r) => Ok(r),
             Err(e) => unreadable(e),
-        },
+        };
+    }
+    match serde_json::from_str::<Value>(text) {
+        Ok(mut result) => {
+            if let Some(obj) = result.as_object_mut() {
+                let meta = obj.entry("_meta").or_insert_with(|| json!({}));
+                if !meta.is_object() {
+                    *meta = json!({});
+                }
+                if let Some(meta) = meta.as_object_mut() {
+                    meta.insert(
+                        "idem".into(),
+                        json!({ "replayed": true, "key": key.as_str() }),
+                    );
+                }
+            }
+            Ok(raw(&result))
+        }
+        Err(e) => unreadable(e),
     }
 }
 
@@ -333,14 +413,17 @@ mod tests {
     }
 
     fn problem(r: &Reply) -> Option<String> {
-        let r = r.as_ref().ok()?;
-        r.meta
-            .as_ref()?
-            .0
-            .get("idem")?
-            .get("problem")?
-            .as_str()
-            .map(str::to_owned)
+        problem_of(r)
+    }
+
+    fn value(r: &Reply) -> Value {
+        match r {
+            Ok(v) | Err(v) => serde_json::from_str(v.get()).expect("json"),
+        }
+    }
+
+    fn result(v: Value) -> Forwarded {
+        Forwarded::Result(raw(&v))
     }
 
     async fn charge(
@@ -364,50 +447,126 @@ mod tests {
     }
 
     fn ok(n: u32) -> Forwarded {
-        Forwarded::Result(CallToolResult::success(vec![ContentBlock::text(format!(
-            "ch_{n}"
-        ))]))
+        result(
+            json!({"content": [{"type": "text", "text": format!("ch_{n}")}], "resultType": "complete", "x-new": {"n": n}}),
+        )
     }
 
     #[tokio::test]
     async fn one_run_per_key_and_the_replay_is_marked() {
         let guard = Guard::new(MemoryStore::new());
         let count = Arc::new(AtomicU32::new(0));
-        let first = charge(&guard, "k", 1, &count, ok).await.expect("result");
-        assert_eq!(first.meta, None);
-        let again = charge(&guard, "k", 1, &count, ok).await.expect("result");
-        assert_eq!(again.content, first.content);
-        let idem = again.meta.as_ref().and_then(|m| m.0.get("idem")).cloned();
-        assert_eq!(idem, Some(json!({"replayed": true, "key": "k"})));
+        let first = charge(&guard, "k", 1, &count, ok).await;
+        // The first caller gets the upstream's bytes as they came.
+        let sent = ok(1);
+        let Forwarded::Result(sent) = sent else {
+            panic!()
+        };
+        assert_eq!(first.as_ref().map(|r| r.get()).ok(), Some(sent.get()));
+        let again = value(&charge(&guard, "k", 1, &count, ok).await);
+        // The replay is the same result, unknown members included, plus the marker.
+        let mut want = value(&first);
+        want["_meta"] = json!({"idem": {"replayed": true, "key": "k"}});
+        assert_eq!(again, want);
         let other = charge(&guard, "k", 2, &count, ok).await;
         assert_eq!(problem(&other).as_deref(), Some("key-reused"));
         assert_eq!(count.load(Ordering::SeqCst), 1);
     }
 
+    fn tool_error(_: u32) -> Forwarded {
+        result(json!({"content": [{"type": "text", "text": "SMTP down"}], "isError": true}))
+    }
+
+    fn rpc_error(code: i64) -> Forwarded {
+        Forwarded::Error(raw(&json!({"code": code, "message": "boom"})))
+    }
+
     #[tokio::test]
-    async fn tool_errors_are_kept_and_validation_errors_release() {
+    async fn error_answers_release_the_key_unless_the_tool_keeps_them() {
         let guard = Guard::new(MemoryStore::new());
         let count = Arc::new(AtomicU32::new(0));
-        let failed =
-            |_| Forwarded::Result(CallToolResult::error(vec![ContentBlock::text("declined")]));
-        charge(&guard, "e", 1, &count, failed)
-            .await
-            .expect("result");
-        let replay = charge(&guard, "e", 1, &count, ok).await.expect("result");
-        assert_eq!(replay.is_error, Some(true));
-        let invalid = |_| Forwarded::Error(ErrorData::invalid_params("amount missing", None));
-        assert!(charge(&guard, "v", 1, &count, invalid).await.is_err());
-        // Released: the retry runs.
+        let failed = charge(&guard, "e", 1, &count, tool_error).await;
+        assert_eq!(value(&failed)["isError"], true);
+        // Released: the retry runs, once the cause is fixed, and its result is kept.
+        let retry = charge(&guard, "e", 1, &count, ok).await;
+        assert_eq!(value(&retry)["content"][0]["text"], "ch_2");
+        let replay = charge(&guard, "e", 1, &count, ok).await;
+        assert_eq!(value(&replay)["_meta"]["idem"]["replayed"], true);
+        // A JSON-RPC error from the tool releases too; a validation error always does.
         assert!(
-            charge(&guard, "v", 1, &count, ok)
+            charge(&guard, "i", 1, &count, |_| rpc_error(-32603))
                 .await
-                .is_ok_and(|r| r.is_error != Some(true))
+                .is_err()
         );
-        let internal = |_| Forwarded::Error(ErrorData::internal_error("boom", None));
-        assert!(charge(&guard, "i", 1, &count, internal).await.is_err());
-        let again = charge(&guard, "i", 1, &count, ok).await;
-        assert_eq!(again.err().map(|e| e.message), Some("boom".into()));
+        assert!(charge(&guard, "i", 1, &count, ok).await.is_ok());
+        assert!(
+            charge(&guard, "v", 1, &count, |_| rpc_error(-32602))
+                .await
+                .is_err()
+        );
+        assert!(charge(&guard, "v", 1, &count, ok).await.is_ok());
+        assert_eq!(count.load(Ordering::SeqCst), 6);
+
+        // keep_errors = true: both kinds are replayed, nothing runs again.
+        let keep = crate::Policies::parse("[defaults]\nkeep_errors = true").expect("policy");
+        let keep = keep.for_tool("charge_card").clone();
+        let count = Arc::new(AtomicU32::new(0));
+        let run = |k: &'static str, answer: fn(u32) -> Forwarded| {
+            let (guard, count, keep) = (guard.clone(), count.clone(), keep.clone());
+            async move {
+                guard
+                    .call(
+                        "charge_card",
+                        Scope::new("mcp").expect("scope"),
+                        key(k),
+                        Fingerprint::json_call("charge_card", &json!({})),
+                        &keep,
+                        move || async move { answer(count.fetch_add(1, Ordering::SeqCst) + 1) },
+                    )
+                    .await
+            }
+        };
+        run("ke", tool_error).await.expect("result");
+        let replay = value(&run("ke", ok).await);
+        assert_eq!(
+            (
+                replay["isError"].clone(),
+                replay["_meta"]["idem"]["replayed"].clone()
+            ),
+            (json!(true), json!(true))
+        );
+        assert!(run("kr", |_| rpc_error(-32603)).await.is_err());
+        let again = run("kr", ok).await;
+        assert_eq!(value(&again)["message"], "boom");
+        assert!(run("kv", |_| rpc_error(-32601)).await.is_err());
+        assert!(run("kv", ok).await.is_ok());
         assert_eq!(count.load(Ordering::SeqCst), 4);
+    }
+
+    #[tokio::test]
+    async fn a_result_too_large_is_refused_at_once_and_never_rerun() {
+        let guard = Guard::new(MemoryStore::new());
+        let count = Arc::new(AtomicU32::new(0));
+        let big = |_| Forwarded::TooLarge {
+            len: 20 << 20,
+            sha256: [7; 32],
+        };
+        let first = charge(&guard, "big", 1, &count, big).await;
+        assert_eq!(problem(&first).as_deref(), Some("response-too-large"));
+        let retry = charge(&guard, "big", 1, &count, ok).await;
+        assert_eq!(problem(&retry).as_deref(), Some("response-too-large"));
+        assert_eq!(count.load(Ordering::SeqCst), 1);
+    }
+
+    #[tokio::test]
+    async fn input_required_is_relayed_and_releases_the_key() {
+        let guard = Guard::new(MemoryStore::new());
+        let count = Arc::new(AtomicU32::new(0));
+        let ask = |_| result(json!({"resultType": "input_required", "inputRequests": {"a": {}}}));
+        let first = charge(&guard, "ir", 1, &count, ask).await;
+        assert_eq!(value(&first)["resultType"], "input_required");
+        assert!(charge(&guard, "ir", 1, &count, ok).await.is_ok());
+        assert_eq!(count.load(Ordering::SeqCst), 2);
     }
 
     #[tokio::test]
@@ -450,8 +609,8 @@ mod tests {
         // The first caller gives up (a cancel, a disconnect): the execution goes on, is
         // stored, and the duplicate, which waited for it, replays it.
         slow.abort();
-        let dup = charge(&guard, "w", 1, &count, ok).await.expect("result");
-        assert!(dup.meta.is_some_and(|m| m.0.contains_key("idem")));
+        let dup = charge(&guard, "w", 1, &count, ok).await;
+        assert_eq!(value(&dup)["_meta"]["idem"]["replayed"], true);
         assert_eq!(count.load(Ordering::SeqCst), 1);
         let mut short = ToolPolicy::default();
         short.engine.wait = None;

@@ -2,10 +2,13 @@
 //! ([design §7](docs/design.md#7-the-runtime-side)) with per-tool overrides from a TOML file.
 //!
 //! ```toml
-//! scope = "mcp"              # the scope of stdio callers ([design §8](docs/design.md#8-mcp));
-//! default "mcp" scope_headers = ["authorization"]   # over HTTP: the headers naming the caller
+//! scope = "mcp"              # the scope of stdio callers ([design §8](docs/design.md#8-mcp))
+//! scope_headers = ["authorization"]   # over HTTP: the headers naming the caller
 //!
 //! [defaults]                 # every effect tool, unless its own table says otherwise
+//! key = "model"              # where keys come from: "model", "runtime" or "derived"
+//! derive_window = "60s"      # key = "derived": identical calls this close are one
+//! keep_errors = false        # true: replay isError results and JSON-RPC errors too
 //! retention = "24h"          # how long a result is replayed, from completion
 //! lease = "30s"              # how long a crashed proxy blocks a key
 //! wait = "10s"               # a duplicate of a call in flight waits this long, then conflict
@@ -27,8 +30,8 @@ use std::time::Duration;
 
 use anyhow::{Context, Result};
 use idem_core::{AbandonedPolicy, DEFAULT_RETENTION, Policy, ToolClass};
-use rmcp::model::Tool;
 use serde::Deserialize;
+use serde_json::Value;
 
 /// The scope of stdio callers when nothing configures one.
 pub const DEFAULT_SCOPE: &str = "mcp";
@@ -69,6 +72,29 @@ pub struct ToolFile {
     /// How long a forwarded call may take before its outcome counts as unknown.
     #[serde(default, with = "humantime_serde")]
     pub upstream_timeout: Option<Duration>,
+    /// Where the tool's keys come from.
+    pub key: Option<KeySource>,
+    /// With `key = "derived"`: the window within which identical calls are one.
+    #[serde(default, with = "humantime_serde")]
+    pub derive_window: Option<Duration>,
+    /// Keep (and replay) error answers instead of releasing the key.
+    pub keep_errors: Option<bool>,
+}
+
+/// Where an effect tool's keys come from ([design §8](docs/design.md#8-mcp)).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum KeySource {
+    /// The model passes `idempotency_key` as an argument (a runtime's key in `_meta` still
+    /// wins): the schema asks the model for it.
+    #[default]
+    Model,
+    /// Only the runtime's key in `_meta` counts: the argument is hidden from the model, and a
+    /// call without a runtime key is refused.
+    Runtime,
+    /// A client that sends no key gets one derived from (scope, tool, arguments) and the time
+    /// window: identical calls within the window are one intent.
+    Derived,
 }
 
 /// How the proxy treats one effect tool.
@@ -79,7 +105,18 @@ pub struct ToolPolicy {
     pub engine: Policy,
     /// How long a forwarded call may take before its outcome counts as unknown.
     pub upstream_timeout: Duration,
+    /// Where keys come from.
+    pub key: KeySource,
+    /// The derivation window of `KeySource::Derived`.
+    pub derive_window: Duration,
+    /// Whether error answers are kept (replayed) rather than released.
+    pub keep_errors: bool,
 }
+
+/// The status a stored tool error result (`isError: true`) is kept under.
+pub const TOOL_ERROR: u16 = 422;
+/// The status a stored JSON-RPC error from the upstream is kept under.
+pub const RPC_ERROR: u16 = 500;
 
 impl Default for ToolPolicy {
     fn default() -> Self {
@@ -88,11 +125,15 @@ impl Default for ToolPolicy {
                 retention: DEFAULT_RETENTION,
                 on_abandoned: AbandonedPolicy::Reject,
                 wait: Some(Duration::from_secs(10)),
-                // Tool results have no HTTP status; nothing is "not processed" by status.
-                release_statuses: Vec::new(),
+                // Error answers are stored under these statuses: released unless the tool
+                // keeps errors ([design §4](docs/design.md#4-which-results-are-kept)).
+                release_statuses: vec![TOOL_ERROR, RPC_ERROR],
                 ..Policy::default()
             },
             upstream_timeout: Duration::from_secs(300),
+            key: KeySource::Model,
+            derive_window: Duration::from_secs(60),
+            keep_errors: false,
         }
     }
 }
@@ -113,6 +154,20 @@ impl ToolPolicy {
         }
         if let Some(o) = f.on_unknown {
             self.engine.on_abandoned = o;
+        }
+        if let Some(k) = f.key {
+            self.key = k;
+        }
+        if let Some(w) = f.derive_window {
+            self.derive_window = w;
+        }
+        if let Some(k) = f.keep_errors {
+            self.keep_errors = k;
+            self.engine.release_statuses = if k {
+                Vec::new()
+            } else {
+                vec![TOOL_ERROR, RPC_ERROR]
+            };
         }
     }
 }
@@ -172,14 +227,17 @@ impl Policies {
         })
     }
 
-    /// The class of `tool`: the file's word if it has one, else the annotations'.
-    pub fn classify(&self, tool: &Tool) -> ToolClass {
-        self.class_override(&tool.name).unwrap_or_else(|| {
-            let hints = tool.annotations.as_ref();
-            ToolClass::from_annotations(
-                hints.and_then(|a| a.read_only_hint),
-                hints.and_then(|a| a.idempotent_hint),
-            )
+    /// The class of a tool as `tools/list` describes it (raw JSON): the file's word if it
+    /// has one, else the annotations'.
+    pub fn classify(&self, tool: &Value) -> ToolClass {
+        let name = tool.get("name").and_then(Value::as_str).unwrap_or_default();
+        self.class_override(name).unwrap_or_else(|| {
+            let hint = |h: &str| {
+                tool.get("annotations")
+                    .and_then(|a| a.get(h))
+                    .and_then(Value::as_bool)
+            };
+            ToolClass::from_annotations(hint("readOnlyHint"), hint("idempotentHint"))
         })
     }
 
@@ -200,40 +258,40 @@ impl ToolPolicy {
     fn validate(&self) -> Result<()> {
         self.engine.validate()?;
         Policy::validate_upstream_timeout(self.upstream_timeout)?;
+        if self.derive_window.is_zero() {
+            anyhow::bail!("derive_window must be more than 0s");
+        }
         Ok(())
     }
 }
 
 #[cfg(test)]
 mod tests {
-    use std::sync::Arc;
-
-    use rmcp::model::ToolAnnotations;
+    use serde_json::json;
 
     use super::*;
 
-    fn tool(name: &'static str, annotations: Option<ToolAnnotations>) -> Tool {
-        let mut t = Tool::default();
-        t.name = name.into();
-        t.input_schema = Arc::new(serde_json::Map::new());
-        t.annotations = annotations;
-        t
+    fn tool(name: &'static str, annotations: Option<Value>) -> Value {
+        match annotations {
+            Some(a) => json!({"name": name, "inputSchema": {}, "annotations": a}),
+            None => json!({"name": name, "inputSchema": {}}),
+        }
     }
 
     #[test]
     fn annotations_classify_and_unknown_means_effect() {
         let p = Policies::default();
-        let read = ToolAnnotations::new().read_only(true);
-        let idem = ToolAnnotations::new().idempotent(true);
+        let read = json!({"readOnlyHint": true});
+        let idem = json!({"idempotentHint": true});
         // readOnlyHint wins over idempotentHint; destructive=false alone is still an effect.
-        let both = ToolAnnotations::new().read_only(true).idempotent(true);
-        let additive = ToolAnnotations::new().destructive(false);
+        let both = json!({"readOnlyHint": true, "idempotentHint": true});
+        let additive = json!({"destructiveHint": false});
         assert_eq!(p.classify(&tool("a", Some(read))), ToolClass::Read);
         assert_eq!(p.classify(&tool("b", Some(idem))), ToolClass::Idempotent);
         assert_eq!(p.classify(&tool("c", Some(both))), ToolClass::Read);
         assert_eq!(p.classify(&tool("d", Some(additive))), ToolClass::Effect);
         assert_eq!(p.classify(&tool("e", None)), ToolClass::Effect);
-        let not_read = ToolAnnotations::new().read_only(false).idempotent(false);
+        let not_read = json!({"readOnlyHint": false, "idempotentHint": false});
         assert_eq!(p.classify(&tool("f", Some(not_read))), ToolClass::Effect);
     }
 
@@ -250,10 +308,15 @@ mod tests {
             [tools.charge_card]
             retention = "7d"
             on_unknown = "retry"
+            key = "runtime"
+            [tools.send_email]
+            keep_errors = true
+            key = "derived"
+            derive_window = "5m"
             "#,
         )
         .unwrap_or_else(|e| panic!("{e:#}"));
-        let read = ToolAnnotations::new().read_only(true);
+        let read = json!({"readOnlyHint": true});
         assert_eq!(
             p.classify(&tool("get_balance", Some(read.clone()))),
             ToolClass::Effect
@@ -263,9 +326,15 @@ mod tests {
         assert_eq!(charge.engine.retention, Duration::from_secs(7 * 86400));
         assert_eq!(charge.engine.on_abandoned, AbandonedPolicy::Retry);
         assert_eq!(charge.engine.wait, Some(Duration::from_secs(2)));
+        assert_eq!(charge.key, KeySource::Runtime);
+        assert_eq!(charge.engine.release_statuses, vec![TOOL_ERROR, RPC_ERROR]);
         let other = p.for_tool("send_email");
         assert_eq!(other.engine.retention, Duration::from_secs(3600));
         assert_eq!(other.engine.on_abandoned, AbandonedPolicy::Reject);
+        assert_eq!(other.key, KeySource::Derived);
+        assert_eq!(other.derive_window, Duration::from_secs(300));
+        assert!(other.keep_errors && other.engine.release_statuses.is_empty());
+        assert_eq!(p.for_tool("x").key, KeySource::Model);
         assert_eq!(p.scope.as_deref(), Some("agent-7"));
     }
 
@@ -279,6 +348,8 @@ mod tests {
             "[tools.x]\nretention = \"0s\"",
             "[defaults]\nupstream_timeout = \"0s\"",
             "[defaults]\nclass = \"effect\"",
+            "[defaults]\nderive_window = \"0s\"",
+            "[tools.x]\nkey = \"llm\"",
         ] {
             assert!(Policies::parse(bad).is_err(), "{bad}");
         }

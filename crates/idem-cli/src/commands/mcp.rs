@@ -11,7 +11,7 @@ use idem_mcp::http::{HttpOptions, Upstream};
 use idem_mcp::policy::DEFAULT_SCOPE;
 
 use crate::cli::{ExampleMcpArgs, McpArgs};
-use crate::commands::serve::shutdown_signal;
+use crate::commands::serve::{install_metrics, shutdown_signal};
 
 pub(crate) async fn run(args: McpArgs) -> Result<()> {
     let policies = match &args.policy {
@@ -23,6 +23,22 @@ pub(crate) async fn run(args: McpArgs) -> Result<()> {
         .open()
         .await
         .with_context(|| format!("cannot open the store {}", args.store))?;
+    if let Some(admin) = args.admin_listen {
+        // The same admin listener as `idem serve`'s: /healthz, /metrics (the engine's
+        // idem_requests_total by outcome, replays, store errors), /keys/KEY.
+        let metrics = install_metrics()?;
+        let router = idem_gateway::admin::router(store.clone(), metrics, None);
+        let listener = tokio::net::TcpListener::bind(admin)
+            .await
+            .with_context(|| format!("cannot listen on {admin} (--admin-listen)"))?;
+        // stdout may be the MCP channel: the address goes to stderr.
+        eprintln!("idem mcp: admin on http://{}", listener.local_addr()?);
+        tokio::spawn(async move {
+            if let Err(e) = axum::serve(listener, router).await {
+                tracing::error!(error = %e, "the admin listener failed");
+            }
+        });
+    }
     if let Some(listen) = args.listen {
         let Some(url) = args.upstream_url.clone() else {
             bail!("--listen needs --upstream-url");
@@ -65,7 +81,11 @@ pub(crate) async fn run(args: McpArgs) -> Result<()> {
         };
         return idem_mcp::http::serve(
             options,
-            Upstream { url, headers },
+            Upstream {
+                url,
+                headers,
+                ca_file: args.upstream_ca.clone(),
+            },
             store,
             policies,
             scope_headers,

@@ -25,7 +25,21 @@ pub(crate) async fn run(args: ServeArgs) -> Result<()> {
         .open()
         .await
         .with_context(|| format!("cannot open the store {url}"))?;
-    let metrics = PrometheusBuilder::new()
+    let metrics = install_metrics()?;
+    let upstream = settings.upstream.clone();
+    let announce = move |b: Bound| {
+        println!(
+            "idem serve: listening on {}; admin on {}; upstream {upstream}; store {url}",
+            b.listen, b.admin
+        );
+    };
+    idem_gateway::serve(settings, store, metrics, announce, shutdown_signal()).await
+}
+
+/// Installs the Prometheus recorder the engine's and the stores' metrics go to (`idem serve`
+/// and `idem mcp` alike), and returns the handle its `/metrics` page renders.
+pub(crate) fn install_metrics() -> Result<metrics_exporter_prometheus::PrometheusHandle> {
+    PrometheusBuilder::new()
         .set_buckets_for_metric(
             metrics_exporter_prometheus::Matcher::Suffix("_seconds".into()),
             &[
@@ -35,15 +49,7 @@ pub(crate) async fn run(args: ServeArgs) -> Result<()> {
         )
         .context("metrics buckets")?
         .install_recorder()
-        .context("cannot install the metrics recorder")?;
-    let upstream = settings.upstream.clone();
-    let announce = move |b: Bound| {
-        println!(
-            "idem serve: listening on {}; admin on {}; upstream {upstream}; store {url}",
-            b.listen, b.admin
-        );
-    };
-    idem_gateway::serve(settings, store, metrics, announce, shutdown_signal()).await
+        .context("cannot install the metrics recorder")
 }
 
 /// SIGTERM or Ctrl-C.
