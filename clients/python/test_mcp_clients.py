@@ -18,6 +18,7 @@ import tempfile
 import time
 import unittest
 
+import idem_key
 from test_mcp_proxy import REQUIRED, idem_binary
 
 HERE = pathlib.Path(__file__).resolve().parent
@@ -307,8 +308,10 @@ class PydanticAi(unittest.IsolatedAsyncioTestCase):
             return ModelResponse(parts=[TextPart("done")])
 
         async def process_tool_call(ctx, call_tool, name, args):
-            # The runtime's key: this turn and tool, the same on every retry of the intent.
-            key = f"{ctx.deps['turn']}-{name}"
+            # The runtime's key, derived at the point of intent (this turn, the tool, its
+            # arguments without any idempotency_key), as README shows: the same on every
+            # retry of the intent, whatever key the model invented.
+            key = idem_key.derive(ctx.deps["turn"], name, args)
             result = await call_tool(name, args, metadata={"idempotency_key": key})
             attempts.append(result)
             if len(attempts) == 1:
