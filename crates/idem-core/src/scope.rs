@@ -156,7 +156,43 @@ pub enum ScopeHeadersError {
     /// Cookies are named but `cookie` is not one of the scope headers: they would be ignored.
     #[error("scope cookies are named, but `cookie` is not one of the scope headers")]
     CookiesWithoutCookieHeader,
+    /// No header at all: no request could name its caller.
+    #[error(
+        "the list of scope headers is empty: no request could name its caller; list the headers that carry callers' credentials"
+    )]
+    Empty,
+    /// A header that every caller sends alike, or that describes the request rather than its
+    /// sender: it would put callers who are not the same in one scope, where replays (and the
+    /// cookies they set) would pass from one to another.
+    #[error(
+        "{0:?} does not name a caller (every client sends it, or it describes the request, not its sender); use the headers that carry credentials"
+    )]
+    NotACaller(String),
 }
+
+/// Headers that never name a caller: [`ScopeHeaders::checked`] refuses them.
+const NOT_CALLERS: [&str; 20] = [
+    "host",
+    "user-agent",
+    "accept",
+    "accept-encoding",
+    "accept-language",
+    "content-type",
+    "content-length",
+    "content-encoding",
+    "idempotency-key",
+    "connection",
+    "keep-alive",
+    "te",
+    "trailer",
+    "transfer-encoding",
+    "upgrade",
+    "expect",
+    "origin",
+    "referer",
+    "x-forwarded-for",
+    "x-request-id",
+];
 
 impl Default for ScopeHeaders {
     fn default() -> Self {
@@ -177,6 +213,18 @@ impl ScopeHeaders {
             headers,
             cookies: Vec::new(),
         }
+    }
+
+    /// As [`ScopeHeaders::new`], for headers an operator configured: refuses an empty list,
+    /// and headers that do not name a caller (`host`, `user-agent`, `content-type`, ...).
+    pub fn checked(headers: Vec<HeaderName>) -> Result<Self, ScopeHeadersError> {
+        if headers.is_empty() {
+            return Err(ScopeHeadersError::Empty);
+        }
+        if let Some(h) = headers.iter().find(|h| NOT_CALLERS.contains(&h.as_str())) {
+            return Err(ScopeHeadersError::NotACaller(h.as_str().to_owned()));
+        }
+        Ok(Self::new(headers))
     }
 
     /// Of the `Cookie` header, only the named cookies count (in this order, each as
@@ -210,13 +258,22 @@ impl ScopeHeaders {
     pub fn principal(&self, headers: &HeaderMap) -> Option<Scope> {
         let mut parts: Vec<&[u8]> = Vec::new();
         for name in &self.headers {
-            if *name == header::COOKIE && !self.cookies.is_empty() {
-                for wanted in &self.cookies {
-                    for pair in cookie_pairs(headers) {
-                        if pair.split(|&b| b == b'=').next() == Some(wanted.as_bytes()) {
-                            parts.extend([name.as_str().as_bytes(), pair]);
-                        }
-                    }
+            if *name == header::COOKIE {
+                // The cookies as pairs, not the header's text: the same cookies in another
+                // order, spacing or number of `Cookie` lines (proxies join HTTP/2 cookie
+                // fields differently) name the same caller, or a retry would execute again.
+                let mut pairs: Vec<&[u8]> = cookie_pairs(headers)
+                    .filter(|pair| {
+                        self.cookies.is_empty()
+                            || self
+                                .cookies
+                                .iter()
+                                .any(|w| cookie_name(pair) == w.as_bytes())
+                    })
+                    .collect();
+                pairs.sort_unstable();
+                for pair in pairs {
+                    parts.extend([name.as_str().as_bytes(), pair]);
                 }
             } else {
                 parts.extend(header_parts(headers, name));
@@ -250,6 +307,14 @@ fn cookie_pairs(headers: &HeaderMap) -> impl Iterator<Item = &[u8]> {
             .map(<[u8]>::trim_ascii)
             .filter(|p| !p.is_empty())
     })
+}
+
+/// A cookie pair's name, as parsers read it: up to `=`, surrounding spaces trimmed.
+fn cookie_name(pair: &[u8]) -> &[u8] {
+    pair.split(|&b| b == b'=')
+        .next()
+        .unwrap_or(pair)
+        .trim_ascii()
 }
 
 /// An RFC 6265 cookie-name: an RFC 9110 token.
@@ -350,6 +415,43 @@ mod tests {
         assert_eq!(
             s.principal(&bearer),
             Some(Scope::from_headers(&bearer, &[header::AUTHORIZATION]))
+        );
+    }
+
+    #[test]
+    fn configured_headers_must_name_callers() {
+        assert_eq!(ScopeHeaders::checked(vec![]), Err(ScopeHeadersError::Empty));
+        let host = ScopeHeaders::checked(vec![header::HOST]);
+        assert_eq!(host, Err(ScopeHeadersError::NotACaller("host".into())));
+        assert!(
+            host.err()
+                .is_some_and(|e| e.to_string().contains("does not name a caller"))
+        );
+        assert!(ScopeHeaders::checked(vec![HeaderName::from_static("x-tenant")]).is_ok());
+    }
+
+    #[test]
+    fn the_same_cookies_written_another_way_name_the_same_caller() {
+        let s = ScopeHeaders::default();
+        let a = s.principal(&headers(&[("cookie", "a=1; b=2")]));
+        for same in [
+            &[("cookie", "b=2; a=1")][..],
+            &[("cookie", "a=1;b=2")],
+            &[("cookie", "  a=1 ;  b=2 ")],
+            &[("cookie", "a=1"), ("cookie", "b=2")],
+        ] {
+            assert_eq!(a, s.principal(&headers(same)), "{same:?}");
+        }
+        assert_ne!(a, s.principal(&headers(&[("cookie", "a=1; b=3")])));
+        // A named cookie is found however its name is spaced (parsers trim it), so its
+        // caller is named, not refused or put in the anonymous scope.
+        let named = ScopeHeaders::default()
+            .with_cookies(vec!["session".into()])
+            .unwrap();
+        assert!(
+            named
+                .principal(&headers(&[("cookie", "session =A")]))
+                .is_some()
         );
     }
 

@@ -277,7 +277,7 @@ impl FileConfig {
     pub fn scope(&self) -> Result<ScopeHeaders> {
         match &self.scope_headers {
             None => ScopeHeaders::default(),
-            Some(names) => ScopeHeaders::new(
+            Some(names) => ScopeHeaders::checked(
                 names
                     .iter()
                     .map(|h| {
@@ -285,7 +285,8 @@ impl FileConfig {
                             .with_context(|| format!("scope_headers: {h:?} is not a header name"))
                     })
                     .collect::<Result<Vec<_>>>()?,
-            ),
+            )
+            .context("scope_headers")?,
         }
         .with_cookies(self.scope_cookies.clone().unwrap_or_default())
         .context("scope_cookies")

@@ -189,3 +189,44 @@ async fn the_admin_token_is_accepted_with_the_scheme_in_any_case() {
         assert_eq!(r.status, 401, "{auth}: {}", r.body);
     }
 }
+
+/// Spellings of a keyed route that services route to it (Express and ASP.NET ignore case,
+/// IIS trims trailing dots and spaces, Rails and Spring strip a format suffix) need its key
+/// too; a method-override header, which frameworks obey, and encoded control characters are
+/// refused. None reaches the upstream without a key.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn spellings_services_route_to_a_keyed_endpoint_need_its_key() {
+    let (up_addr, up) = start_upstream().await;
+    let g = start_gateway(&format!("http://{up_addr}")).await;
+    for target in [
+        "/V1/CHARGES",
+        "/v1/Charges",
+        "/v1/charges.",
+        "/v1/charges.json",
+        "/v1/charges%20",
+    ] {
+        let r = raw(g.addr, &request("POST", target, "", BODY)).await;
+        assert_eq!(
+            r.problem_type(),
+            "urn:idem:problem:key-missing",
+            "{target}: {}",
+            r.text
+        );
+    }
+    for (target, headers) in [
+        ("/v1/charges%00", ""),
+        ("/v1/other", "x-http-method-override: POST\r\n"),
+        ("/v1/other", "X-HTTP-Method: POST\r\n"),
+        ("/v1/other", "x-method-override: POST\r\n"),
+    ] {
+        let r = raw(g.addr, &request("PUT", target, headers, BODY)).await;
+        assert_eq!(
+            (r.status(), r.problem_type().as_str()),
+            (400, INVALID),
+            "{target} {headers}: {}",
+            r.text
+        );
+    }
+    assert_eq!(up.seen(), Vec::<String>::new());
+    assert_eq!(up.0.load(Ordering::SeqCst), 0);
+}

@@ -133,11 +133,31 @@ impl PathPattern {
         self.segments
             .iter()
             .zip(&parts)
-            .all(|(seg, part)| match seg {
-                Segment::Literal(l) => l == part,
+            .enumerate()
+            .all(|(i, (seg, part))| match seg {
+                Segment::Literal(l) => literal_matches(l, part, i + 1 == parts.len()),
                 Segment::Any => !part.is_empty(),
             })
     }
+}
+
+/// Whether a path segment names the literal segment of a route, read as loosely as the
+/// services behind idem read it, because a route that matches too little lets a request reach
+/// the service without the key it requires, while one that matches too much only asks for a
+/// key more often. So: in any case (Express and ASP.NET match paths case-insensitively), with
+/// trailing spaces and dots ignored (IIS and Windows trim them; `%20` decoded), and, for the
+/// last segment, with a format suffix (`charges.json`: Rails' `(.:format)`, Spring's suffix
+/// matching).
+fn literal_matches(literal: &str, part: &str, last: bool) -> bool {
+    let decoded = part.replace("%20", " ");
+    let part = decoded.trim_end_matches([' ', '.']);
+    if part.eq_ignore_ascii_case(literal) {
+        return true;
+    }
+    last && part
+        .get(..literal.len())
+        .is_some_and(|head| head.eq_ignore_ascii_case(literal))
+        && part[literal.len()..].starts_with('.')
 }
 
 impl fmt::Debug for PathPattern {
@@ -216,7 +236,26 @@ pub enum Unmatched {
         "The path has a backslash, which a URI cannot hold and some servers read as /; percent-encode it as %5C"
     )]
     Backslash,
+    /// The path has an encoded control character (`%00`..`%1F`, `%7F`), which servers cut the
+    /// path at or strip.
+    #[error(
+        "The path has an encoded control character (%00 to %1F or %7F), which servers cut paths at or strip; remove it"
+    )]
+    ControlCharacter,
+    /// A method-override header: frameworks (Express's method-override, Symfony, Laravel,
+    /// Spring) run the request as the method it names, which the routes never saw.
+    #[error(
+        "The request has a {0} header: the service would run it as another method than the one the routes judged; send that method itself"
+    )]
+    MethodOverride(String),
 }
+
+/// Headers that make frameworks run a request as another method.
+const METHOD_OVERRIDES: [&str; 3] = [
+    "x-http-method-override",
+    "x-http-method",
+    "x-method-override",
+];
 
 /// Refuses a method or a path that the route table and the service behind it could read
 /// differently: what is not refused here is forwarded as the routes judged it (its path up to
@@ -228,10 +267,13 @@ pub enum Unmatched {
 /// segment is split at `/` and also at the encoded `%2F` and `%5C` (which are forwarded as
 /// they are, never decoded), its `;params` dropped and its unreserved escapes decoded, as
 /// [`normalize`] does.
-pub fn screen(method: &Method, path: &str) -> Result<(), Unmatched> {
+pub fn screen(method: &Method, path: &str, headers: &http::HeaderMap) -> Result<(), Unmatched> {
     let m = method.as_str();
     if m.bytes().any(|b| b.is_ascii_lowercase()) {
         return Err(Unmatched::MethodCase(m.to_owned()));
+    }
+    if let Some(h) = METHOD_OVERRIDES.iter().find(|h| headers.contains_key(**h)) {
+        return Err(Unmatched::MethodOverride((*h).to_owned()));
     }
     screen_path(path)
 }
@@ -241,6 +283,9 @@ pub fn screen(method: &Method, path: &str) -> Result<(), Unmatched> {
 pub fn screen_path(path: &str) -> Result<(), Unmatched> {
     if path.contains('\\') {
         return Err(Unmatched::Backslash);
+    }
+    if has_encoded_control(path) {
+        return Err(Unmatched::ControlCharacter);
     }
     // Most paths have no dot in any spelling: nothing to split or decode.
     if !path.contains('.') && !path.contains("%2e") && !path.contains("%2E") {
@@ -257,6 +302,17 @@ pub fn screen_path(path: &str) -> Result<(), Unmatched> {
         return Err(Unmatched::DotSegment);
     }
     Ok(())
+}
+
+/// Whether `path` holds `%00`..`%1F` or `%7F`.
+fn has_encoded_control(path: &str) -> bool {
+    path.as_bytes().windows(3).any(|w| {
+        w[0] == b'%'
+            && std::str::from_utf8(&w[1..])
+                .ok()
+                .and_then(|h| u8::from_str_radix(h, 16).ok())
+                .is_some_and(|b| b < 0x20 || b == 0x7f)
+    })
 }
 
 /// One route: a method (or any) and a pattern.
@@ -378,7 +434,11 @@ mod tests {
             "/v1/%2e%2e%2e",
             "/v1/charges;x=1",
         ] {
-            assert_eq!(screen(&post, path), Ok(()), "{path}");
+            assert_eq!(
+                screen(&post, path, &http::HeaderMap::new()),
+                Ok(()),
+                "{path}"
+            );
         }
         for path in [
             "/..",
@@ -396,19 +456,26 @@ mod tests {
             "/v1/%5C..%5Cadmin",
             "/v1/charges/..",
         ] {
-            assert_eq!(screen(&post, path), Err(Unmatched::DotSegment), "{path}");
+            assert_eq!(
+                screen(&post, path, &http::HeaderMap::new()),
+                Err(Unmatched::DotSegment),
+                "{path}"
+            );
         }
-        assert_eq!(screen(&post, "/v1\\admin"), Err(Unmatched::Backslash));
+        assert_eq!(
+            screen(&post, "/v1\\admin", &http::HeaderMap::new()),
+            Err(Unmatched::Backslash)
+        );
         for m in ["post", "Post", "get", "purge", "pATCH"] {
             let method = Method::from_bytes(m.as_bytes()).unwrap_or_else(|e| panic!("{e}"));
             assert!(
-                matches!(screen(&method, "/"), Err(Unmatched::MethodCase(ref s)) if s == m),
+                matches!(screen(&method, "/", &http::HeaderMap::new()), Err(Unmatched::MethodCase(ref s)) if s == m),
                 "{m}"
             );
         }
         for m in ["PURGE", "PROPFIND", "M-SEARCH", "PATCH"] {
             let method = Method::from_bytes(m.as_bytes()).unwrap_or_else(|e| panic!("{e}"));
-            assert_eq!(screen(&method, "/"), Ok(()), "{m}");
+            assert_eq!(screen(&method, "/", &http::HeaderMap::new()), Ok(()), "{m}");
         }
     }
 
@@ -455,5 +522,72 @@ mod tests {
             routes.policy_for(&Method::POST, "/other"),
             &RoutePolicy::default()
         );
+    }
+
+    /// Routes read paths as loosely as the services behind them: a spelling that Express,
+    /// ASP.NET, IIS or Rails would route to a keyed endpoint needs the key too.
+    #[test]
+    fn routes_match_as_loosely_as_services_route() {
+        let routes = Routes::default()
+            .route(
+                Some(Method::POST),
+                p("/v1/charges"),
+                RoutePolicy::requiring_key(),
+            )
+            .route(
+                Some(Method::POST),
+                p("/v1/charges/{id}/capture"),
+                RoutePolicy::requiring_key(),
+            );
+        for path in [
+            "/V1/CHARGES",
+            "/v1/Charges",
+            "/v1/charges.",
+            "/v1/charges.json",
+            "/v1/charges%20",
+            "/v1/charges%20.",
+            "/v1/charges/ch_1/CAPTURE.xml",
+        ] {
+            assert!(routes.policy_for(&Method::POST, path).require_key, "{path}");
+        }
+        // A format suffix only on the last segment; another resource is another resource.
+        for path in ["/v1/charges.json/x", "/v1/chargesx", "/v1/charge"] {
+            assert!(
+                !routes.policy_for(&Method::POST, path).require_key,
+                "{path}"
+            );
+        }
+    }
+
+    #[test]
+    fn encoded_controls_and_method_overrides_are_refused() {
+        let post = Method::POST;
+        let none = http::HeaderMap::new();
+        for path in ["/v1/charges%00", "/v1/%0acharges", "/v1/charges%7F"] {
+            assert_eq!(
+                screen(&post, path, &none),
+                Err(Unmatched::ControlCharacter),
+                "{path}"
+            );
+        }
+        assert_eq!(screen(&post, "/v1/charges%20", &none), Ok(()));
+        for h in [
+            "x-http-method-override",
+            "X-HTTP-Method",
+            "x-method-override",
+        ] {
+            let mut headers = http::HeaderMap::new();
+            headers.insert(
+                http::HeaderName::from_bytes(h.as_bytes()).unwrap(),
+                http::HeaderValue::from_static("DELETE"),
+            );
+            assert!(
+                matches!(
+                    screen(&post, "/v1/charges/ch_1", &headers),
+                    Err(Unmatched::MethodOverride(_))
+                ),
+                "{h}"
+            );
+        }
     }
 }

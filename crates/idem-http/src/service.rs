@@ -187,7 +187,7 @@ impl<St: Store> Shared<St> {
         };
         // Before anything else, safe methods included: what the routes judge must be what the
         // service runs ([design §3](docs/design.md#3-what-a-request-with-a-key-gets)).
-        if let Err(why) = crate::policy::screen(req.method(), req.uri().path()) {
+        if let Err(why) = crate::policy::screen(req.method(), req.uri().path(), req.headers()) {
             Outcome::Invalid.count();
             return Ok(self.problem(&Problem::RequestInvalid(why.to_string())));
         }

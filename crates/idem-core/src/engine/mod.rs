@@ -396,6 +396,11 @@ impl<S: Store> Engine<S> {
         answer
     }
 
+    /// The execution's final write: store the result, or release the key for a status that
+    /// means "not processed". A store that fails here turns an executed effect into an unknown
+    /// outcome, so the write is retried while the store is unavailable, for up to half the
+    /// lease (the heartbeat kept it live until now). Fencing makes a retry safe; an attempt
+    /// that failed on the way back but landed is recognised by its token.
     async fn keep(
         &self,
         scope: &Scope,
@@ -404,16 +409,45 @@ impl<S: Store> Engine<S> {
         policy: &Policy,
         response: &StoredResponse,
     ) -> Kept {
-        if policy.release_statuses.contains(&response.status) {
-            return match self.store.release(scope, key, token).await {
-                Ok(()) => Kept::Released,
-                Err(e) => Kept::Lost(e),
+        let release = policy.release_statuses.contains(&response.status);
+        let stored = (!release).then(|| bounded(response, policy.max_stored_body));
+        let deadline = Instant::now() + policy.lease / 2;
+        let mut pause = Duration::from_millis(10);
+        let mut retried = false;
+        loop {
+            let written = match &stored {
+                None => self
+                    .store
+                    .release(scope, key, token)
+                    .await
+                    .map(|()| Kept::Released),
+                Some(stored) => self
+                    .store
+                    .complete(scope, key, token, stored.clone())
+                    .await
+                    .map(|_| Kept::Stored),
             };
-        }
-        let stored = bounded(response, policy.max_stored_body);
-        match self.store.complete(scope, key, token, stored).await {
-            Ok(_) => Kept::Stored,
-            Err(e) => Kept::Lost(e),
+            let e = match written {
+                Ok(kept) => return kept,
+                Err(e) => e,
+            };
+            if e.is_stale() && retried {
+                // An earlier attempt may have landed before its answer was lost.
+                return match self.store.get(scope, key).await {
+                    Ok(None) if release => Kept::Released,
+                    Ok(Some(rec)) if !release && rec.token == token && rec.response.is_some() => {
+                        Kept::Stored
+                    }
+                    _ => Kept::Lost(e),
+                };
+            }
+            if !e.is_unavailable() || Instant::now() + pause >= deadline {
+                return Kept::Lost(e);
+            }
+            tracing::warn!(error = %e, key = %key, "could not keep the result yet; retrying");
+            tokio::time::sleep(pause).await;
+            pause = (pause * 2).min(Duration::from_millis(250));
+            retried = true;
         }
     }
 }
@@ -1099,5 +1133,106 @@ mod tests {
         ));
         tokio::time::sleep(Duration::from_millis(300)).await;
         assert_eq!(state("b").await, Some(RecordState::Abandoned));
+    }
+
+    /// A store whose first `failures` completions fail; with `lands`, each failed one is
+    /// applied first (the answer was lost on the way back, not the write).
+    #[derive(Clone)]
+    struct FlakyCompletions {
+        inner: MemoryStore,
+        failures: Arc<AtomicU32>,
+        lands: bool,
+    }
+
+    impl Store for FlakyCompletions {
+        async fn claim(&self, r: ClaimRequest) -> Result<Claim, StoreError> {
+            self.inner.claim(r).await
+        }
+        async fn complete(
+            &self,
+            s: &Scope,
+            k: &Key,
+            t: FencingToken,
+            r: StoredResponse,
+        ) -> Result<Record, StoreError> {
+            let fail = self
+                .failures
+                .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+                .is_ok();
+            if !fail {
+                return self.inner.complete(s, k, t, r).await;
+            }
+            if self.lands {
+                let _ = self.inner.complete(s, k, t, r).await;
+            }
+            Err(StoreError::Unavailable("disk busy".into()))
+        }
+        async fn release(&self, s: &Scope, k: &Key, t: FencingToken) -> Result<(), StoreError> {
+            self.inner.release(s, k, t).await
+        }
+        async fn extend(
+            &self,
+            s: &Scope,
+            k: &Key,
+            t: FencingToken,
+            l: Duration,
+        ) -> Result<Timestamp, StoreError> {
+            self.inner.extend(s, k, t, l).await
+        }
+        async fn get(&self, s: &Scope, k: &Key) -> Result<Option<Record>, StoreError> {
+            self.inner.get(s, k).await
+        }
+        async fn purge_expired(&self, n: usize) -> Result<usize, StoreError> {
+            self.inner.purge_expired(n).await
+        }
+        async fn resolve(
+            &self,
+            s: &Scope,
+            k: &Key,
+            r: crate::store::Resolution,
+        ) -> Result<Option<Record>, StoreError> {
+            self.inner.resolve(s, k, r).await
+        }
+    }
+
+    /// A completion that fails for a moment (a busy SQLite file, a store failing over) is
+    /// retried while the lease allows, instead of leaving an executed effect as an unknown
+    /// outcome; one that landed although its answer was lost is recognised by its token.
+    /// A store down for longer than half the lease still loses it, and says so.
+    #[tokio::test]
+    async fn a_completion_that_fails_for_a_moment_is_retried_not_lost() {
+        for (failures, lands, stored) in [(3, false, true), (1, true, true), (1_000, false, false)]
+        {
+            let inner = MemoryStore::new();
+            let store = FlakyCompletions {
+                inner: inner.clone(),
+                failures: Arc::new(AtomicU32::new(failures)),
+                lands,
+            };
+            let engine = Engine::new(store);
+            let p = Policy {
+                lease: Duration::from_secs(1),
+                ..Policy::default()
+            };
+            let run = engine.run(Scope::anonymous(), k("f"), fp(1), &p, || async {
+                (Effect::Done(StoredResponse::new(201, "ch_1")), ())
+            });
+            match run.await.unwrap() {
+                Answer::Executed {
+                    kept: Kept::Stored, ..
+                } => assert!(stored, "{failures} {lands}"),
+                Answer::Executed {
+                    kept: Kept::Lost(_),
+                    ..
+                } => assert!(!stored, "{failures} {lands}"),
+                other => panic!("{other:?}"),
+            }
+            let rec = inner.get(&Scope::anonymous(), &k("f")).await.unwrap();
+            assert_eq!(
+                rec.and_then(|r| r.response).is_some(),
+                stored,
+                "{failures} {lands}"
+            );
+        }
     }
 }
