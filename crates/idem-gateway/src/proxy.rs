@@ -37,6 +37,7 @@ pub struct Proxy {
     client: Client<HttpsConnector<HttpConnector>, Body>,
     upstream: Uri,
     timeout: Duration,
+    body_read: Duration,
     problem_base: String,
 }
 
@@ -178,6 +179,7 @@ impl Proxy {
             client,
             upstream,
             timeout,
+            body_read: settings.body_read_timeout,
             problem_base: settings.layer.problem_base.clone(),
         })
     }
@@ -298,6 +300,17 @@ impl Proxy {
         }
         headers.insert("x-forwarded-proto", HeaderValue::from_static("http"));
 
+        // A body streamed from the client (no key: the layer buffered keyed ones already) must
+        // arrive within `body_read`; past it the upstream sees the body fail, and the client's
+        // connection, its body unread, is closed after the answer.
+        let req = req.map(|body| {
+            Deadline {
+                inner: body,
+                sleep: Box::pin(tokio::time::sleep(self.body_read)),
+                late: || Box::new(BodyTimedOut),
+            }
+            .boxed_unsync()
+        });
         let deadline = tokio::time::Instant::now() + self.timeout;
         match tokio::time::timeout_at(deadline, self.client.request(req)).await {
             Ok(Ok(resp)) => {
@@ -308,8 +321,17 @@ impl Proxy {
                 let body = Deadline {
                     inner: body,
                     sleep: Box::pin(tokio::time::sleep_until(deadline)),
+                    late: || "the upstream's response body did not arrive in time".into(),
                 };
                 Response::from_parts(parts, body.boxed_unsync())
+            }
+            // The client's body was too slow: the upstream saw part of it, so whether it acted
+            // is unknown (a keyed request's body was buffered before, so none gets here).
+            Ok(Err(e)) if in_chain::<BodyTimedOut>(&e) => {
+                tracing::info!(timeout = ?self.body_read, "a request body did not arrive in time; cut off upstream");
+                let mut resp = self.refuse(&Problem::BodyTimeout(self.body_read));
+                resp.extensions_mut().insert(Executed::Unknown);
+                resp
             }
             // The TLS handshake failed, in the connector: nothing was sent.
             Ok(Err(e)) if e.is_connect() && tls_error(&e).is_some() => {
@@ -358,10 +380,35 @@ enum Unforwardable {
     Unbuildable(http::Error),
 }
 
-/// A response body that fails once `sleep` ends.
+/// A body that fails with `late()` once `sleep` ends.
 struct Deadline<B> {
     inner: B,
     sleep: Pin<Box<tokio::time::Sleep>>,
+    late: fn() -> idem_http::BoxError,
+}
+
+/// The error of a client's request body that did not arrive within `body_read`.
+#[derive(Debug)]
+struct BodyTimedOut;
+
+impl std::fmt::Display for BodyTimedOut {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("the client's request body did not arrive in time")
+    }
+}
+
+impl std::error::Error for BodyTimedOut {}
+
+/// Whether an error of type `E` is in `e`'s chain of sources.
+fn in_chain<E: std::error::Error + 'static>(e: &(dyn std::error::Error + 'static)) -> bool {
+    let mut next = Some(e);
+    while let Some(err) = next {
+        if err.is::<E>() {
+            return true;
+        }
+        next = err.source();
+    }
+    false
 }
 
 impl<B> http_body::Body for Deadline<B>
@@ -377,9 +424,7 @@ where
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<http_body::Frame<Bytes>, Self::Error>>> {
         if self.sleep.as_mut().poll(cx).is_ready() {
-            return Poll::Ready(Some(Err(
-                "the upstream's response body did not arrive in time".into(),
-            )));
+            return Poll::Ready(Some(Err((self.late)())));
         }
         Pin::new(&mut self.inner).poll_frame(cx).map_err(Into::into)
     }
