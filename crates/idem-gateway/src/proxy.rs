@@ -38,6 +38,8 @@ pub struct Proxy {
     upstream: Uri,
     timeout: Duration,
     body_read: Duration,
+    /// Whether `[upstream] ca_file` (or `--upstream-ca`) was given.
+    has_ca_file: bool,
     problem_base: String,
 }
 
@@ -180,6 +182,7 @@ impl Proxy {
             upstream,
             timeout,
             body_read: settings.body_read_timeout,
+            has_ca_file: settings.upstream_ca_file.is_some(),
             problem_base: settings.layer.problem_base.clone(),
         })
     }
@@ -241,7 +244,7 @@ impl Proxy {
     ) -> Response<Body> {
         let doc = serde_json::json!({
             "type": format!("{}{name}", self.problem_base),
-            "title": if status == StatusCode::GATEWAY_TIMEOUT { "Upstream did not answer in time" } else { "Upstream unreachable" },
+            "title": failure_title(name),
             "status": status.as_u16(),
             "detail": detail,
         });
@@ -336,10 +339,7 @@ impl Proxy {
             // The TLS handshake failed, in the connector: nothing was sent.
             Ok(Err(e)) if e.is_connect() && tls_error(&e).is_some() => {
                 let tls = tls_error(&e).map(ToString::to_string).unwrap_or_default();
-                let hint = match tls_error(&e) {
-                    Some(rustls::Error::InvalidCertificate(_)) => " (to trust a private CA, give it with [upstream] ca_file or --upstream-ca)",
-                    _ => "",
-                };
+                let hint = tls_error(&e).map_or("", |tls| tls_hint(tls, self.has_ca_file));
                 self.failure(
                     StatusCode::BAD_GATEWAY,
                     "upstream-unreachable",
@@ -368,6 +368,29 @@ impl Proxy {
                 Executed::Unknown,
             ),
         }
+    }
+}
+
+/// The fixed title of each of the gateway's upstream problems.
+fn failure_title(name: &str) -> &'static str {
+    match name {
+        "upstream-timeout" => "Upstream did not answer in time",
+        "upstream-failed" => "Upstream connection failed after the request was sent",
+        _ => "Upstream unreachable",
+    }
+}
+
+/// What to add to a failed TLS handshake's message: how to trust a private CA, only when the
+/// certificate's issuer is unknown and no CA file was given (a wrong name or an expired
+/// certificate is not fixed by one).
+fn tls_hint(e: &rustls::Error, has_ca_file: bool) -> &'static str {
+    match e {
+        rustls::Error::InvalidCertificate(rustls::CertificateError::UnknownIssuer)
+            if !has_ca_file =>
+        {
+            " (to trust a private CA, give it with [upstream] ca_file or --upstream-ca)"
+        }
+        _ => "",
     }
 }
 
@@ -466,6 +489,33 @@ impl Service<Request<Body>> for Proxy {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_private_ca_hint_is_only_for_an_unknown_issuer_without_a_ca_file() {
+        use rustls::CertificateError as C;
+        let hint = |c: C, has| tls_hint(&rustls::Error::InvalidCertificate(c), has);
+        assert!(hint(C::UnknownIssuer, false).contains("ca_file"));
+        assert_eq!(hint(C::UnknownIssuer, true), "");
+        assert_eq!(hint(C::Expired, false), "");
+        assert_eq!(hint(C::NotValidForName, false), "");
+        assert_eq!(tls_hint(&rustls::Error::DecryptError, false), "");
+    }
+
+    #[test]
+    fn each_upstream_problem_has_its_own_title() {
+        let titles = [
+            failure_title("upstream-unreachable"),
+            failure_title("upstream-failed"),
+            failure_title("upstream-timeout"),
+        ];
+        assert_eq!(titles[0], "Upstream unreachable");
+        assert!(
+            titles[1].contains("after the request was sent"),
+            "{}",
+            titles[1]
+        );
+        assert!(titles[2].contains("in time"));
+    }
 
     #[test]
     fn hop_by_hop_headers_go_including_those_connection_names() {
