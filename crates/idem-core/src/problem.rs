@@ -22,6 +22,8 @@ pub enum ProblemType {
     BodyTooLarge,
     /// The request body could not be read.
     BodyUnreadable,
+    /// The request body did not arrive within the time allowed for it; nothing was claimed.
+    BodyTimeout,
     /// The key was first used for another request.
     KeyReused,
     /// The first request with this key is still executing.
@@ -53,6 +55,7 @@ impl ProblemType {
             ProblemType::PrincipalMissing => "principal-missing",
             ProblemType::BodyTooLarge => "body-too-large",
             ProblemType::BodyUnreadable => "body-unreadable",
+            ProblemType::BodyTimeout => "body-timeout",
             ProblemType::KeyReused => "key-reused",
             ProblemType::InFlight => "in-flight",
             ProblemType::OutcomeUnknown => "outcome-unknown",

@@ -25,6 +25,7 @@
 //! shutdown = "10s"                  # SIGTERM: how long in-flight requests may finish
 //! lease = "30s"
 //! header_read = "10s"               # a request's headers must arrive within this
+//! body_read = "30s"                 # and its body within this (keyed: 408 body-timeout)
 //!
 //! [admin]
 //! listen = "127.0.0.1:9090"
@@ -170,6 +171,11 @@ pub struct Timeouts {
     /// kept-alive one; then the connection is closed.
     #[serde(default, with = "humantime_serde")]
     pub header_read: Option<Duration>,
+    /// How long a client has to send a request's body, from when its headers arrived; then
+    /// a keyed request gets 408 `body-timeout` and a passthrough one is cut off upstream, and
+    /// the connection is closed.
+    #[serde(default, with = "humantime_serde")]
+    pub body_read: Option<Duration>,
 }
 
 /// `[admin]`.
@@ -252,6 +258,9 @@ pub struct Settings {
     pub shutdown_timeout: Duration,
     /// How long a client has to send a request's headers (both listeners).
     pub header_read_timeout: Duration,
+    /// How long a client has to send a request's body (`[timeouts] body_read`); also in
+    /// `layer.body_read`, for the bodies the layer buffers.
+    pub body_read_timeout: Duration,
     /// Client connections served at once on the main listener; more wait in the kernel's
     /// accept queue until one closes.
     pub max_connections: usize,
@@ -307,6 +316,9 @@ impl FileConfig {
 
 /// The default of `[timeouts] header_read`.
 pub const DEFAULT_HEADER_READ: Duration = Duration::from_secs(10);
+
+/// The default of `[timeouts] body_read`.
+pub const DEFAULT_BODY_READ: Duration = Duration::from_secs(30);
 
 /// The most `[limits] max_connections` defaults to.
 pub const MAX_DEFAULT_CONNECTIONS: usize = 10_000;
@@ -394,6 +406,10 @@ impl Settings {
         let header_read_timeout = file.timeouts.header_read.unwrap_or(DEFAULT_HEADER_READ);
         if header_read_timeout.is_zero() {
             bail!("timeouts.header_read must be more than 0s (default {DEFAULT_HEADER_READ:?})");
+        }
+        let body_read_timeout = file.timeouts.body_read.unwrap_or(DEFAULT_BODY_READ);
+        if body_read_timeout.is_zero() {
+            bail!("timeouts.body_read must be more than 0s (default {DEFAULT_BODY_READ:?})");
         }
         let max_connections = match file.limits.max_connections {
             Some(0) => bail!("limits.max_connections must be at least 1"),
@@ -485,11 +501,13 @@ impl Settings {
                     .limits
                     .max_response_bytes
                     .unwrap_or(idem_http::Config::default().max_response_bytes),
+                body_read: Some(body_read_timeout),
                 ..idem_http::Config::default()
             },
             upstream_timeout,
             shutdown_timeout: file.timeouts.shutdown.unwrap_or(Duration::from_secs(10)),
             header_read_timeout,
+            body_read_timeout,
             max_connections,
             admin_listen: over.admin_listen.or(file.admin.listen).unwrap_or(loopback),
             admin_token,
@@ -544,17 +562,21 @@ mod tests {
         );
         assert_eq!(s.store.to_string(), DEFAULT_STORE);
         assert_eq!(s.header_read_timeout, DEFAULT_HEADER_READ);
+        assert_eq!(s.body_read_timeout, DEFAULT_BODY_READ);
+        assert_eq!(s.layer.body_read, Some(DEFAULT_BODY_READ));
         assert_eq!(s.max_connections, default_max_connections());
     }
 
     #[test]
     fn connection_limits_are_read_and_checked() {
         let s = parse(
-            "upstream = \"http://x:1\"\n[limits]\nmax_connections = 7\n[timeouts]\nheader_read = \"1500ms\"",
+            "upstream = \"http://x:1\"\n[limits]\nmax_connections = 7\n[timeouts]\nheader_read = \"1500ms\"\nbody_read = \"5s\"",
         )
         .unwrap_or_else(|e| panic!("{e:#}"));
         assert_eq!(s.max_connections, 7);
         assert_eq!(s.header_read_timeout, Duration::from_millis(1500));
+        assert_eq!(s.body_read_timeout, Duration::from_secs(5));
+        assert_eq!(s.layer.body_read, Some(Duration::from_secs(5)));
         let err = |t: &str| parse(t).err().map(|e| format!("{e:#}")).unwrap_or_default();
         assert!(
             err("upstream = \"http://x:1\"\n[limits]\nmax_connections = 0").contains("at least 1")
@@ -562,6 +584,10 @@ mod tests {
         assert!(
             err("upstream = \"http://x:1\"\n[timeouts]\nheader_read = \"0s\"")
                 .contains("more than 0s")
+        );
+        assert!(
+            err("upstream = \"http://x:1\"\n[timeouts]\nbody_read = \"0s\"")
+                .contains("timeouts.body_read must be more than 0s")
         );
         let n = default_max_connections();
         assert!((1..=MAX_DEFAULT_CONNECTIONS).contains(&n), "{n}");

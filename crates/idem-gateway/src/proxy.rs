@@ -37,6 +37,9 @@ pub struct Proxy {
     client: Client<HttpsConnector<HttpConnector>, Body>,
     upstream: Uri,
     timeout: Duration,
+    body_read: Duration,
+    /// Whether `[upstream] ca_file` (or `--upstream-ca`) was given.
+    has_ca_file: bool,
     problem_base: String,
 }
 
@@ -178,6 +181,8 @@ impl Proxy {
             client,
             upstream,
             timeout,
+            body_read: settings.body_read_timeout,
+            has_ca_file: settings.upstream_ca_file.is_some(),
             problem_base: settings.layer.problem_base.clone(),
         })
     }
@@ -239,7 +244,7 @@ impl Proxy {
     ) -> Response<Body> {
         let doc = serde_json::json!({
             "type": format!("{}{name}", self.problem_base),
-            "title": if status == StatusCode::GATEWAY_TIMEOUT { "Upstream did not answer in time" } else { "Upstream unreachable" },
+            "title": failure_title(name),
             "status": status.as_u16(),
             "detail": detail,
         });
@@ -298,6 +303,17 @@ impl Proxy {
         }
         headers.insert("x-forwarded-proto", HeaderValue::from_static("http"));
 
+        // A body streamed from the client (no key: the layer buffered keyed ones already) must
+        // arrive within `body_read`; past it the upstream sees the body fail, and the client's
+        // connection, its body unread, is closed after the answer.
+        let req = req.map(|body| {
+            Deadline {
+                inner: body,
+                sleep: Box::pin(tokio::time::sleep(self.body_read)),
+                late: || Box::new(BodyTimedOut),
+            }
+            .boxed_unsync()
+        });
         let deadline = tokio::time::Instant::now() + self.timeout;
         match tokio::time::timeout_at(deadline, self.client.request(req)).await {
             Ok(Ok(resp)) => {
@@ -308,16 +324,22 @@ impl Proxy {
                 let body = Deadline {
                     inner: body,
                     sleep: Box::pin(tokio::time::sleep_until(deadline)),
+                    late: || "the upstream's response body did not arrive in time".into(),
                 };
                 Response::from_parts(parts, body.boxed_unsync())
+            }
+            // The client's body was too slow: the upstream saw part of it, so whether it acted
+            // is unknown (a keyed request's body was buffered before, so none gets here).
+            Ok(Err(e)) if in_chain::<BodyTimedOut>(&e) => {
+                tracing::info!(timeout = ?self.body_read, "a request body did not arrive in time; cut off upstream");
+                let mut resp = self.refuse(&Problem::BodyTimeout(self.body_read));
+                resp.extensions_mut().insert(Executed::Unknown);
+                resp
             }
             // The TLS handshake failed, in the connector: nothing was sent.
             Ok(Err(e)) if e.is_connect() && tls_error(&e).is_some() => {
                 let tls = tls_error(&e).map(ToString::to_string).unwrap_or_default();
-                let hint = match tls_error(&e) {
-                    Some(rustls::Error::InvalidCertificate(_)) => " (to trust a private CA, give it with [upstream] ca_file or --upstream-ca)",
-                    _ => "",
-                };
+                let hint = tls_error(&e).map_or("", |tls| tls_hint(tls, self.has_ca_file));
                 self.failure(
                     StatusCode::BAD_GATEWAY,
                     "upstream-unreachable",
@@ -349,6 +371,29 @@ impl Proxy {
     }
 }
 
+/// The fixed title of each of the gateway's upstream problems.
+fn failure_title(name: &str) -> &'static str {
+    match name {
+        "upstream-timeout" => "Upstream did not answer in time",
+        "upstream-failed" => "Upstream connection failed after the request was sent",
+        _ => "Upstream unreachable",
+    }
+}
+
+/// What to add to a failed TLS handshake's message: how to trust a private CA, only when the
+/// certificate's issuer is unknown and no CA file was given (a wrong name or an expired
+/// certificate is not fixed by one).
+fn tls_hint(e: &rustls::Error, has_ca_file: bool) -> &'static str {
+    match e {
+        rustls::Error::InvalidCertificate(rustls::CertificateError::UnknownIssuer)
+            if !has_ca_file =>
+        {
+            " (to trust a private CA, give it with [upstream] ca_file or --upstream-ca)"
+        }
+        _ => "",
+    }
+}
+
 /// Why a request has no upstream URL.
 #[derive(Debug)]
 enum Unforwardable {
@@ -358,10 +403,35 @@ enum Unforwardable {
     Unbuildable(http::Error),
 }
 
-/// A response body that fails once `sleep` ends.
+/// A body that fails with `late()` once `sleep` ends.
 struct Deadline<B> {
     inner: B,
     sleep: Pin<Box<tokio::time::Sleep>>,
+    late: fn() -> idem_http::BoxError,
+}
+
+/// The error of a client's request body that did not arrive within `body_read`.
+#[derive(Debug)]
+struct BodyTimedOut;
+
+impl std::fmt::Display for BodyTimedOut {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("the client's request body did not arrive in time")
+    }
+}
+
+impl std::error::Error for BodyTimedOut {}
+
+/// Whether an error of type `E` is in `e`'s chain of sources.
+fn in_chain<E: std::error::Error + 'static>(e: &(dyn std::error::Error + 'static)) -> bool {
+    let mut next = Some(e);
+    while let Some(err) = next {
+        if err.is::<E>() {
+            return true;
+        }
+        next = err.source();
+    }
+    false
 }
 
 impl<B> http_body::Body for Deadline<B>
@@ -377,9 +447,7 @@ where
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<http_body::Frame<Bytes>, Self::Error>>> {
         if self.sleep.as_mut().poll(cx).is_ready() {
-            return Poll::Ready(Some(Err(
-                "the upstream's response body did not arrive in time".into(),
-            )));
+            return Poll::Ready(Some(Err((self.late)())));
         }
         Pin::new(&mut self.inner).poll_frame(cx).map_err(Into::into)
     }
@@ -421,6 +489,33 @@ impl Service<Request<Body>> for Proxy {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_private_ca_hint_is_only_for_an_unknown_issuer_without_a_ca_file() {
+        use rustls::CertificateError as C;
+        let hint = |c: C, has| tls_hint(&rustls::Error::InvalidCertificate(c), has);
+        assert!(hint(C::UnknownIssuer, false).contains("ca_file"));
+        assert_eq!(hint(C::UnknownIssuer, true), "");
+        assert_eq!(hint(C::Expired, false), "");
+        assert_eq!(hint(C::NotValidForName, false), "");
+        assert_eq!(tls_hint(&rustls::Error::DecryptError, false), "");
+    }
+
+    #[test]
+    fn each_upstream_problem_has_its_own_title() {
+        let titles = [
+            failure_title("upstream-unreachable"),
+            failure_title("upstream-failed"),
+            failure_title("upstream-timeout"),
+        ];
+        assert_eq!(titles[0], "Upstream unreachable");
+        assert!(
+            titles[1].contains("after the request was sent"),
+            "{}",
+            titles[1]
+        );
+        assert!(titles[2].contains("in time"));
+    }
 
     #[test]
     fn hop_by_hop_headers_go_including_those_connection_names() {

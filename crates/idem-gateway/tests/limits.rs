@@ -143,3 +143,111 @@ async fn a_stalled_sqlite_store_is_a_prompt_503_and_nothing_runs() {
     assert!(again.replayed(), "{}", again.body);
     assert_eq!(up.0.load(Ordering::SeqCst), 1);
 }
+
+/// Opens a connection, sends `head` (request line and headers, the blank line included) and
+/// then one byte of body a second, for longer than any test waits. Resolves to what the
+/// gateway wrote back, or `None` if the connection was still open after 60 s.
+fn drip(addr: std::net::SocketAddr, head: String) -> tokio::task::JoinHandle<Option<String>> {
+    tokio::spawn(async move {
+        let stream = TcpStream::connect(addr)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        let (mut rd, mut wr) = stream.into_split();
+        wr.write_all(head.as_bytes())
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        tokio::spawn(async move {
+            for _ in 0..300 {
+                if wr.write_all(b"x").await.is_err() {
+                    return;
+                }
+                tokio::time::sleep(Duration::from_secs(1)).await;
+            }
+        });
+        let mut out = Vec::new();
+        tokio::time::timeout(Duration::from_secs(60), rd.read_to_end(&mut out))
+            .await
+            .ok()
+            .map(|_| String::from_utf8_lossy(&out).into_owned())
+    })
+}
+
+fn slow_head(path: &str, key: Option<&str>) -> String {
+    let key = key.map_or_else(String::new, |k| format!("Idempotency-Key: {k}\r\n"));
+    format!(
+        "POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n{key}Content-Length: 1000\r\n\r\n"
+    )
+}
+
+/// Clients that send their headers and then a body one byte a second, on a route that needs
+/// no key, hold every connection slot only until `body_read`: the bodies streamed upstream
+/// are cut off there, the connections closed, and a request waiting for a slot is served.
+/// (Before `body_read` only `timeouts.upstream` ended them, and only when the upstream had not
+/// answered yet: an upstream that answers early, or is given long, kept pulling the body for
+/// as long as the client dripped it.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slow_passthrough_bodies_free_their_slots_at_body_read() {
+    let (up_addr, up) = start_upstream().await;
+    let g = start_gateway_with(
+        &format!("http://{up_addr}"),
+        |f| {
+            f.routes.clear();
+            f.limits.max_connections = Some(4);
+            f.timeouts.header_read = Some(Duration::from_secs(1));
+            // A slow upstream is allowed for; a slow client is not.
+            f.timeouts.upstream = Some(Duration::from_secs(120));
+            f.timeouts.body_read = Some(Duration::from_secs(2));
+        },
+        SqliteOptions::default(),
+    )
+    .await;
+    let drips: Vec<_> = (0..4)
+        .map(|_| drip(g.addr, slow_head("/v1/charges", None)))
+        .collect();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let probe = tokio::time::timeout(
+        Duration::from_secs(30),
+        send(g.addr, "GET", "/v1/read", &[], ""),
+    )
+    .await
+    .expect("the slow bodies still hold every slot");
+    assert_eq!(probe.status, 201, "{}", probe.body);
+    for (i, d) in drips.into_iter().enumerate() {
+        assert!(
+            d.await.unwrap().is_some(),
+            "slow connection {i} is still open"
+        );
+    }
+    // Only the probe reached the upstream's handler: no dripped body was ever complete.
+    assert_eq!(up.0.load(Ordering::SeqCst), 1);
+}
+
+/// A keyed request whose body does not arrive within `body_read` gets 408 `body-timeout` and
+/// its connection is closed; nothing was claimed, so the same key then executes once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_keyed_body_is_a_408_and_the_key_stays_free() {
+    let (up_addr, up) = start_upstream().await;
+    let g = start_gateway_with(
+        &format!("http://{up_addr}"),
+        |f| f.timeouts.body_read = Some(Duration::from_secs(1)),
+        SqliteOptions::default(),
+    )
+    .await;
+    let got = drip(g.addr, slow_head("/v1/charges", Some("slow")))
+        .await
+        .unwrap()
+        .expect("the connection of a slow keyed body is still open");
+    let raw = Raw { text: got };
+    assert_eq!(
+        (raw.status(), raw.problem_type().as_str()),
+        (408, "urn:idem:problem:body-timeout"),
+        "{}",
+        raw.text
+    );
+    assert_eq!(up.0.load(Ordering::SeqCst), 0);
+    let first = charge_with(&g, "slow", &[], BODY).await;
+    assert_eq!(first.status, 201, "{}", first.body);
+    let again = charge_with(&g, "slow", &[], BODY).await;
+    assert!(again.replayed(), "{}", again.body);
+    assert_eq!(up.0.load(Ordering::SeqCst), 1);
+}

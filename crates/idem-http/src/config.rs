@@ -29,6 +29,11 @@ pub struct Config {
     /// The most of a response the layer buffers. A larger response cannot be stored or
     /// returned whole: the client gets 502 and the outcome is marked unknown.
     pub max_response_bytes: usize,
+    /// How long a keyed request's body may take to arrive once the layer starts buffering it
+    /// (the headers have been read by then); past it the client gets 408 `body-timeout`, with
+    /// `Connection: close`, and nothing is claimed. `None` (the default): no bound here, the
+    /// server's own.
+    pub body_read: Option<Duration>,
 }
 
 impl Default for Config {
@@ -40,6 +45,7 @@ impl Default for Config {
             problem_base: DEFAULT_PROBLEM_BASE.to_owned(),
             poll_interval: Duration::from_millis(25),
             max_response_bytes: 64 * 1024 * 1024,
+            body_read: None,
         }
     }
 }

@@ -30,6 +30,9 @@ pub enum Problem {
     BodyTooLarge(usize),
     /// 400: the body could not be read.
     BodyUnreadable(String),
+    /// 408 with `Connection: close`: the body did not arrive within the time allowed (the
+    /// bound); nothing was claimed or executed.
+    BodyTimeout(Duration),
     /// 422: the key was used for another request.
     KeyReused,
     /// 409: the first request with this key is still executing.
@@ -70,6 +73,7 @@ impl Problem {
             Problem::PrincipalMissing(_) => ProblemType::PrincipalMissing,
             Problem::BodyTooLarge(_) => ProblemType::BodyTooLarge,
             Problem::BodyUnreadable(_) => ProblemType::BodyUnreadable,
+            Problem::BodyTimeout(_) => ProblemType::BodyTimeout,
             Problem::KeyReused => ProblemType::KeyReused,
             Problem::InFlight(_) => ProblemType::InFlight,
             Problem::OutcomeUnknown => ProblemType::OutcomeUnknown,
@@ -96,6 +100,7 @@ impl Problem {
             | Problem::RequestInvalid(_) => StatusCode::BAD_REQUEST,
             Problem::MethodNotAllowed(_) => StatusCode::METHOD_NOT_ALLOWED,
             Problem::BodyTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
+            Problem::BodyTimeout(_) => StatusCode::REQUEST_TIMEOUT,
             Problem::KeyReused => StatusCode::UNPROCESSABLE_ENTITY,
             Problem::InFlight(_) | Problem::OutcomeUnknown | Problem::ResponseTooLarge { .. } => {
                 StatusCode::CONFLICT
@@ -112,6 +117,7 @@ impl Problem {
             Problem::PrincipalMissing(_) => "Caller not named",
             Problem::BodyTooLarge(_) => "Request body too large",
             Problem::BodyUnreadable(_) => "Request body unreadable",
+            Problem::BodyTimeout(_) => "Request body not received in time",
             Problem::KeyReused => "Idempotency-Key reused for another request",
             Problem::InFlight(_) => "Request with this Idempotency-Key in progress",
             Problem::OutcomeUnknown => "Outcome of the request with this Idempotency-Key unknown",
@@ -130,6 +136,7 @@ impl Problem {
             Problem::PrincipalMissing(headers) => format!("A request with an Idempotency-Key must say who its caller is, with one of these headers: {headers}. Its result is replayed only to that caller, never to another. Send your credentials; an operator can also accept callers without them in one shared scope (anonymous = \"allow\")."),
             Problem::BodyTooLarge(max) => format!("Requests with an Idempotency-Key are buffered to fingerprint them; this endpoint accepts at most {max} bytes."),
             Problem::BodyUnreadable(why) => format!("The request body could not be read: {why}."),
+            Problem::BodyTimeout(bound) => format!("The request body did not arrive within {bound:?} of its headers, so the connection is closed. Nothing was executed; retry with the same key."),
             Problem::KeyReused => "This key was first used for a request with another method, path or body. Use a new key for a new intent.".into(),
             Problem::InFlight(_) => "The first request with this key has not finished. Retry after the interval in Retry-After with the same key to get its result.".into(),
             Problem::OutcomeUnknown => "An earlier attempt with this key started but did not finish, so whether its effect happened is unknown. It was not retried automatically; an operator must resolve the key (idem resolve).".into(),
@@ -177,6 +184,10 @@ impl Problem {
         };
         if let Some(secs) = retry_after {
             h.insert(header::RETRY_AFTER, HeaderValue::from(secs));
+        }
+        if let Problem::BodyTimeout(_) = self {
+            // The rest of the body may still be on its way: the connection cannot be reused.
+            h.insert(header::CONNECTION, HeaderValue::from_static("close"));
         }
         if let Problem::MethodNotAllowed(_) = self {
             h.insert(header::ALLOW, HeaderValue::from_static(ALLOWED_METHODS));

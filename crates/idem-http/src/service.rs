@@ -228,7 +228,20 @@ impl<St: Store> Shared<St> {
             Outcome::Invalid.count();
             return Ok(self.problem(&Problem::BodyTooLarge(policy.max_body)));
         }
-        let body = match Limited::new(body, policy.max_body).collect().await {
+        let collect = Limited::new(body, policy.max_body).collect();
+        // A body dripped byte by byte would hold the connection as long as the client likes;
+        // on timeout the body is dropped unread and nothing has been claimed.
+        let collected = match self.config.body_read {
+            Some(bound) => match tokio::time::timeout(bound, collect).await {
+                Ok(collected) => collected,
+                Err(_) => {
+                    Outcome::Invalid.count();
+                    return Ok(self.problem(&Problem::BodyTimeout(bound)));
+                }
+            },
+            None => collect.await,
+        };
+        let body = match collected {
             Ok(collected) => collected.to_bytes(),
             Err(e) if e.is::<http_body_util::LengthLimitError>() => {
                 Outcome::Invalid.count();
