@@ -277,7 +277,21 @@ pub struct Settings {
 impl FileConfig {
     /// Parses configuration text.
     pub fn parse(text: &str) -> Result<Self> {
-        Ok(toml::from_str(text)?)
+        toml::from_str(text).map_err(|e| {
+            // `upstream = "URL"` and an `[upstream]` table are two spellings of one setting;
+            // TOML only says "duplicate key", which does not say what to do.
+            let upstream_twice = e.message().contains("duplicate key")
+                && e.span()
+                    .and_then(|span| text.get(span))
+                    .is_some_and(|key| key.contains("upstream"));
+            if upstream_twice {
+                anyhow::anyhow!(
+                    "{e}\nuse either upstream = \"URL\" or an [upstream] table with url = \"URL\", not both"
+                )
+            } else {
+                e.into()
+            }
+        })
     }
 
     /// Which headers (and cookies) name the caller ([design §1](docs/design.md#1-words)):
@@ -522,7 +536,7 @@ mod tests {
     use super::*;
 
     fn parse(text: &str) -> Result<Settings> {
-        let file: FileConfig = toml::from_str(text)?;
+        let file = FileConfig::parse(text)?;
         Settings::resolve(file, Overrides::default())
     }
 
@@ -626,7 +640,7 @@ mod tests {
         assert!(err("[upstream]\nurl = \"http://x:1\"\nca = \"x\"").contains("unknown field `ca`"));
         assert!(
             err("upstream = \"http://x:1\"\n[upstream]\nurl = \"http://x:2\"")
-                .contains("duplicate key")
+                .contains("use either upstream = \"URL\" or an [upstream] table")
         );
         assert!(
             err("[upstream]\nurl = \"http://x:1\"\nca_file = \"/nonexistent/ca.pem\"")

@@ -98,10 +98,12 @@ impl FromStr for StoreUrl {
                     let bad = |why: String| StoreUrlError::SqliteOption(url.to_owned(), why);
                     match pair.split_once('=') {
                         Some(("timeout", v)) => match humantime::parse_duration(v) {
-                            Ok(d) if !d.is_zero() => timeout = Some(d),
+                            // Whole milliseconds at least: the busy timeout SQLite takes is in
+                            // milliseconds, and 500us would silently become no wait at all.
+                            Ok(d) if d >= Duration::from_millis(1) => timeout = Some(d),
                             _ => {
                                 return Err(bad(format!(
-                                    "timeout={v} is not a positive duration like 2s or 500ms"
+                                    "timeout={v} is not a duration of at least 1ms, like 2s or 500ms"
                                 )));
                             }
                         },
@@ -275,8 +277,9 @@ mod tests {
             assert!(!err(secret).contains("s3cret"), "{}", err(secret));
         }
         assert!(err("sqlite:").contains("names no file"));
-        assert!(err("sqlite:a.db?timeout=soon").contains("not a positive duration"));
-        assert!(err("sqlite:a.db?timeout=0s").contains("not a positive duration"));
+        assert!(err("sqlite:a.db?timeout=soon").contains("not a duration of at least 1ms"));
+        assert!(err("sqlite:a.db?timeout=500us").contains("not a duration of at least 1ms"));
+        assert!(err("sqlite:a.db?timeout=0s").contains("not a duration of at least 1ms"));
         assert!(err("sqlite:a.db?mode=ro").contains("unknown option \"mode=ro\""));
         assert!(err("memory:x").contains("takes no path"));
         assert!(err("postgres://h/db?schema=Bad").contains("plain identifier"));
