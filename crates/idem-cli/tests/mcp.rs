@@ -377,3 +377,205 @@ async fn leave_mid_call(sigterm: bool) {
     assert_eq!(charges(&d.db), 1);
     let _ = client.cancel().await;
 }
+
+/// A TLS front for `target` (a loopback address) with a certificate for `localhost` signed by
+/// a fresh CA, whose PEM is written to `ca_path`. Returns the front's port. It runs on the
+/// test's runtime, so the test must be multi-threaded: `spawn_http` blocks its thread reading
+/// the proxy's first line while the proxy's startup request waits for this front's handshake.
+async fn tls_front(target: std::net::SocketAddr, ca_path: &Path) -> u16 {
+    use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, IsCa, KeyPair};
+    use tokio_rustls::rustls;
+
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let mut ca_params = CertificateParams::new(Vec::<String>::new()).expect("ca params");
+    ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    let ca =
+        CertifiedIssuer::self_signed(ca_params, KeyPair::generate().expect("key")).expect("ca");
+    std::fs::write(ca_path, ca.pem()).expect("write the CA");
+    let leaf_key = KeyPair::generate().expect("key");
+    let leaf = CertificateParams::new(vec!["localhost".to_owned()])
+        .expect("params")
+        .signed_by(&leaf_key, &ca)
+        .expect("leaf");
+    let config = rustls::ServerConfig::builder()
+        .with_no_client_auth()
+        .with_single_cert(
+            vec![leaf.der().clone()],
+            rustls::pki_types::PrivateKeyDer::try_from(leaf_key.serialize_der()).expect("key der"),
+        )
+        .expect("server config");
+    let acceptor = tokio_rustls::TlsAcceptor::from(std::sync::Arc::new(config));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let port = listener.local_addr().expect("addr").port();
+    tokio::spawn(async move {
+        while let Ok((tcp, _)) = listener.accept().await {
+            let acceptor = acceptor.clone();
+            tokio::spawn(async move {
+                let Ok(mut tls) = acceptor.accept(tcp).await else {
+                    return;
+                };
+                let Ok(mut plain) = tokio::net::TcpStream::connect(target).await else {
+                    return;
+                };
+                let _ = tokio::io::copy_bidirectional(&mut tls, &mut plain).await;
+            });
+        }
+    });
+    port
+}
+
+/// Runs `idem mcp` over HTTP in front of `url`, which must stop it within 90 s (its patience
+/// is 10 s) with a failure; returns its stderr, with the proxy's debug log.
+async fn proxy_that_fails_to_start(url: &str, store: &str) -> String {
+    let mut cmd = tokio::process::Command::new(IDEM);
+    cmd.args(["mcp", "--listen", "127.0.0.1:0", "--upstream-url", url])
+        .args(["--store", store])
+        .env("IDEM_LOG", "idem_mcp=debug")
+        .kill_on_drop(true);
+    let out = tokio::time::timeout(Duration::from_secs(90), cmd.output())
+        .await
+        .unwrap_or_else(|_| panic!("idem mcp in front of {url} still waits after 90 s"))
+        .expect("run idem mcp");
+    assert!(!out.status.success());
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+fn socket_addr(url: &str) -> std::net::SocketAddr {
+    url.trim_start_matches("http://")
+        .trim_end_matches("/mcp")
+        .parse()
+        .unwrap_or_else(|e| panic!("{url}: {e}"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_https_upstream_with_its_ca_works_and_without_it_the_error_names_the_certificate() {
+    let d = dir();
+    let db = d.db.display().to_string();
+    let upstream = spawn_http(&["example-mcp", "--listen", "127.0.0.1:0", "--db", &db]);
+    let ca = d._tmp.path().join("ca.pem");
+    let port = tls_front(socket_addr(&upstream.1), &ca).await;
+    let url = format!("https://localhost:{port}/mcp");
+    let store = format!("sqlite:{}", d.store.display());
+
+    // Without the CA the proxy refuses to start, and says why, at once: a certificate that
+    // does not verify will not get better, so it is not retried as a server still starting.
+    let err = proxy_that_fails_to_start(&url, &store).await;
+    assert!(
+        err.contains("certificate") && err.contains("UnknownIssuer"),
+        "{err}"
+    );
+    assert!(!err.contains("trying again"), "{err}");
+
+    let ca_arg = ca.display().to_string();
+    let proxy = spawn_http(&[
+        "mcp",
+        "--listen",
+        "127.0.0.1:0",
+        "--upstream-url",
+        &url,
+        "--upstream-ca",
+        &ca_arg,
+        "--store",
+        &store,
+    ]);
+    let client = tokio::time::timeout(Duration::from_secs(60), async {
+        let client = http_client(&proxy.1, "alice").await;
+        same_key_replays_and_refusals_charge_nothing(&client, &d.db).await;
+        client
+    })
+    .await
+    .expect("the calls through the HTTPS upstream did not finish");
+    let _ = client.cancel().await;
+}
+
+/// `GET http://ADDR{path}` with HTTP/1.0 (the server closes): the status line and body.
+fn http_get(addr: std::net::SocketAddr, path: &str) -> (String, String) {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(addr).expect("connect");
+    s.set_read_timeout(Some(Duration::from_secs(30)))
+        .expect("timeout");
+    write!(s, "GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n").expect("send");
+    let mut text = String::new();
+    s.read_to_string(&mut text).expect("read");
+    let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
+    (
+        head.lines().next().unwrap_or("").to_owned(),
+        body.to_owned(),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_admin_listener_counts_executions_and_replays() {
+    let d = dir();
+    let db = d.db.display().to_string();
+    let upstream = spawn_http(&["example-mcp", "--listen", "127.0.0.1:0", "--db", &db]);
+    let admin = {
+        // A free port: bound and let go (the proxy binds it next).
+        let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        l.local_addr().expect("addr")
+    };
+    let (admin_arg, store) = (admin.to_string(), format!("sqlite:{}", d.store.display()));
+    let proxy = spawn_http(&[
+        "mcp",
+        "--listen",
+        "127.0.0.1:0",
+        "--admin-listen",
+        &admin_arg,
+        "--upstream-url",
+        &upstream.1,
+        "--store",
+        &store,
+    ]);
+    let (status, body) = http_get(admin, "/healthz");
+    assert!(status.contains(" 200"), "{status} {body}");
+
+    let client = http_client(&proxy.1, "alice").await;
+    let charge = json!({"customer": "cus_m", "amount_cents": 100, "idempotency_key": "m-1"});
+    for _ in 0..3 {
+        call(&client, "charge_card", charge.clone()).await;
+    }
+    let email =
+        json!({"to": "a@example.com", "subject": "s", "body": "b", "idempotency_key": "m-2"});
+    call(&client, "send_email", email).await;
+    let no_key = call(
+        &client,
+        "charge_card",
+        json!({"customer": "c", "amount_cents": 1}),
+    )
+    .await;
+    assert_eq!(problem(&no_key).as_deref(), Some("key-missing"));
+    assert_eq!(charges(&d.db), 1);
+
+    let (status, metrics) = http_get(admin, "/metrics");
+    assert!(status.contains(" 200"), "{status}");
+    for line in [
+        r#"idem_requests_total{outcome="executed"} 2"#,
+        r#"idem_requests_total{outcome="replayed"} 2"#,
+        r#"idem_requests_total{outcome="missing"} 1"#,
+    ] {
+        assert!(
+            metrics.lines().any(|l| l == line),
+            "no {line} in\n{metrics}"
+        );
+    }
+    let _ = client.cancel().await;
+}
+
+/// An upstream that accepts connections and never answers (here: a socket nobody accepts on,
+/// whose connections the kernel completes) stops the proxy with an error after its patience,
+/// instead of holding the startup forever.
+#[tokio::test]
+async fn an_upstream_that_never_answers_stops_the_proxy_at_startup() {
+    let d = dir();
+    let silent = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let url = format!("http://{}/mcp", silent.local_addr().expect("addr"));
+    let store = format!("sqlite:{}", d.store.display());
+    let err = proxy_that_fails_to_start(&url, &store).await;
+    assert!(
+        err.contains("cannot reach the upstream MCP server") && err.contains("timed out"),
+        "{err}"
+    );
+    drop(silent);
+}

@@ -200,11 +200,15 @@ pub async fn serve<S: Store + Clone>(
     // The upstream may be starting alongside the proxy (a service manager, a shell line with
     // `&`): keep trying for a while before giving up, as a sidecar should. Any HTTP answer
     // will do; a certificate that does not verify will not get better, so it fails at once.
+    // An upstream that accepts connections and never answers stops the proxy at the deadline
+    // too, instead of holding its startup forever.
     let deadline = tokio::time::Instant::now() + CONNECT_PATIENCE;
     loop {
+        let patience = deadline.saturating_duration_since(tokio::time::Instant::now());
         match client
             .get(&upstream.url)
             .header(header::ACCEPT, "text/event-stream")
+            .timeout(patience.max(Duration::from_secs(1)))
             .send()
             .await
         {
@@ -216,7 +220,9 @@ pub async fn serve<S: Store + Clone>(
                     chain(&e)
                 );
             }
-            Err(e) if format!("{e:?}").contains("certificate") => {
+            // rustls says "invalid peer certificate" in the error's sources, which the
+            // error's own Debug does not show.
+            Err(e) if chain(&e).contains("certificate") => {
                 anyhow::bail!(
                     "cannot reach the upstream MCP server at {}: {}",
                     upstream.url,
