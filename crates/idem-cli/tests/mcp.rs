@@ -113,6 +113,14 @@ fn spawn_http(args: &[&str]) -> Server {
     Server(child, url)
 }
 
+/// `idem mcp` over HTTP in front of `upstream`, on `store`, with `extra` arguments.
+fn http_proxy(upstream: &str, store: &str, extra: &[&str]) -> Server {
+    let mut args = vec!["mcp", "--listen", "127.0.0.1:0", "--upstream-url", upstream];
+    args.extend(["--store", store]);
+    args.extend(extra);
+    spawn_http(&args)
+}
+
 async fn http_client(url: &str, token: &str) -> Client {
     // rmcp's HTTP client is reqwest with rustls, whose crypto provider the workspace picks.
     let _ = rustls::crypto::ring::default_provider().install_default();
@@ -257,15 +265,7 @@ async fn http_proxy_dedups_per_caller() {
     let db = d.db.display().to_string();
     let upstream = spawn_http(&["example-mcp", "--listen", "127.0.0.1:0", "--db", &db]);
     let store = format!("sqlite:{}", d.store.display());
-    let proxy = spawn_http(&[
-        "mcp",
-        "--listen",
-        "127.0.0.1:0",
-        "--upstream-url",
-        &upstream.1,
-        "--store",
-        &store,
-    ]);
+    let proxy = http_proxy(&upstream.1, &store, &[]);
     let alice = http_client(&proxy.1, "alice").await;
     same_key_replays_and_refusals_charge_nothing(&alice, &d.db).await;
 
@@ -469,17 +469,7 @@ async fn an_https_upstream_with_its_ca_works_and_without_it_the_error_names_the_
     assert!(!err.contains("trying again"), "{err}");
 
     let ca_arg = ca.display().to_string();
-    let proxy = spawn_http(&[
-        "mcp",
-        "--listen",
-        "127.0.0.1:0",
-        "--upstream-url",
-        &url,
-        "--upstream-ca",
-        &ca_arg,
-        "--store",
-        &store,
-    ]);
+    let proxy = http_proxy(&url, &store, &["--upstream-ca", &ca_arg]);
     let client = tokio::time::timeout(Duration::from_secs(60), async {
         let client = http_client(&proxy.1, "alice").await;
         same_key_replays_and_refusals_charge_nothing(&client, &d.db).await;
@@ -517,17 +507,7 @@ async fn the_admin_listener_counts_executions_and_replays() {
         l.local_addr().expect("addr")
     };
     let (admin_arg, store) = (admin.to_string(), format!("sqlite:{}", d.store.display()));
-    let proxy = spawn_http(&[
-        "mcp",
-        "--listen",
-        "127.0.0.1:0",
-        "--admin-listen",
-        &admin_arg,
-        "--upstream-url",
-        &upstream.1,
-        "--store",
-        &store,
-    ]);
+    let proxy = http_proxy(&upstream.1, &store, &["--admin-listen", &admin_arg]);
     let (status, body) = http_get(admin, "/healthz");
     assert!(status.contains(" 200"), "{status} {body}");
 
@@ -578,4 +558,109 @@ async fn an_upstream_that_never_answers_stops_the_proxy_at_startup() {
         "{err}"
     );
     drop(silent);
+}
+
+/// The upstream restarts (on the same address) while a slow charge is in flight: that call's
+/// outcome is unknown and never re-sent; the clients' sessions are answered 404 (rmcp then
+/// starts a new session by itself and sends its call again there), and a new key charges once
+/// ([design §8](docs/design.md#8-mcp)).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_upstream_restart_loses_the_session_and_never_resends_a_call_in_flight() {
+    let d = dir();
+    let db = d.db.display().to_string();
+    let upstream = spawn_http(&["example-mcp", "--listen", "127.0.0.1:0", "--db", &db]);
+    let upstream_addr = socket_addr(&upstream.1).to_string();
+    let store = format!("sqlite:{}", d.store.display());
+    let proxy = http_proxy(&upstream.1, &store, &[]);
+    let alice = http_client(&proxy.1, "alice").await;
+    // A client that does not start a new session by itself shows what the proxy answers.
+    let strict = {
+        let config = StreamableHttpClientTransportConfig::with_uri(proxy.1.as_str())
+            .reinit_on_expired_session(false);
+        ().serve(StreamableHttpClientTransport::from_config(config))
+            .await
+            .expect("initialize over HTTP")
+    };
+    let slow = json!({"customer": "cus_r", "amount_cents": 100, "delay_ms": 20000,
+                      "idempotency_key": "in-flight-1"});
+    let peer = alice.peer().clone();
+    let in_flight = tokio::spawn({
+        let slow = slow.clone();
+        async move {
+            peer.call_tool(CallToolRequestParams::new("charge_card").with_arguments(args(slow)))
+                .await
+        }
+    });
+    // The call reached the upstream once the proxy holds its key in flight.
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let out = Command::new(IDEM)
+            .args(["inspect", "--store", &store])
+            .args(["--principal", "authorization: Bearer alice"])
+            .arg("in-flight-1")
+            .output()
+            .expect("idem inspect");
+        if String::from_utf8_lossy(&out.stdout).contains("in_flight") {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the call never started"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    drop(upstream); // killed mid-call, its sessions with it
+    let first = tokio::time::timeout(Duration::from_secs(60), in_flight)
+        .await
+        .expect("the call in flight was never answered")
+        .expect("join")
+        .expect("an answer, not a transport failure");
+    assert_eq!(
+        problem(&first).as_deref(),
+        Some("outcome-unknown"),
+        "{first:?}"
+    );
+    let upstream = spawn_http(&["example-mcp", "--listen", &upstream_addr, "--db", &db]);
+
+    // The proxy passes the upstream's 404: the session is gone, nothing ran.
+    let lost = strict
+        .call_tool(
+            CallToolRequestParams::new("charge_card").with_arguments(args(
+                json!({"customer": "cus_r", "amount_cents": 300, "idempotency_key": "strict-1"}),
+            )),
+        )
+        .await;
+    let err = format!("{:?}", lost.expect_err("the old session still worked"));
+    assert!(err.contains("SessionExpired"), "{err}");
+    assert_eq!(charges(&d.db), 0);
+
+    // rmcp starts a new session on the 404 and sends the call again: a new key charges once.
+    let next = json!({"customer": "cus_r", "amount_cents": 200, "idempotency_key": "after-1"});
+    let after = call(&alice, "charge_card", next.clone()).await;
+    assert_ne!(after.is_error, Some(true), "{after:?}");
+    assert_eq!(idem_meta(&after), Value::Null);
+    assert_eq!(charges(&d.db), 1);
+    // The call that was in flight is never sent again, in any session.
+    let retry = call(&alice, "charge_card", slow.clone()).await;
+    assert_eq!(
+        problem(&retry).as_deref(),
+        Some("outcome-unknown"),
+        "{retry:?}"
+    );
+    let again = http_client(&proxy.1, "alice").await;
+    let retry = call(&again, "charge_card", slow).await;
+    assert_eq!(
+        problem(&retry).as_deref(),
+        Some("outcome-unknown"),
+        "{retry:?}"
+    );
+    assert_eq!(
+        idem_meta(&call(&again, "charge_card", next).await)["replayed"],
+        true
+    );
+    assert_eq!(charges(&d.db), 1);
+    drop(upstream);
+    for c in [alice, strict, again] {
+        let _ = c.cancel().await;
+    }
 }
