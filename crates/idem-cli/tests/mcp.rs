@@ -113,6 +113,31 @@ fn spawn_http(args: &[&str]) -> Server {
     Server(child, url)
 }
 
+/// `idem example-mcp` over HTTP on `d`'s database and `idem mcp` in front of it on `d`'s
+/// store, with `extra` arguments: the upstream, the proxy and the store URL.
+fn behind_http_proxy(d: &Dir, extra: &[&str]) -> (Server, Server, String) {
+    let db = d.db.display().to_string();
+    let upstream = spawn_http(&["example-mcp", "--listen", "127.0.0.1:0", "--db", &db]);
+    let store = format!("sqlite:{}", d.store.display());
+    let proxy = http_proxy(&upstream.1, &store, extra);
+    (upstream, proxy, store)
+}
+
+/// What `idem inspect --principal PRINCIPAL KEY` prints (on a key it does not know: the
+/// error).
+fn inspect(store: &str, principal: &str, key: &str) -> String {
+    let out = Command::new(IDEM)
+        .args(["inspect", "--store", store, "--principal", principal, key])
+        .output()
+        .expect("idem inspect");
+    let text = if out.status.success() {
+        out.stdout
+    } else {
+        out.stderr
+    };
+    String::from_utf8_lossy(&text).into_owned()
+}
+
 /// `idem mcp` over HTTP in front of `upstream`, on `store`, with `extra` arguments.
 fn http_proxy(upstream: &str, store: &str, extra: &[&str]) -> Server {
     let mut args = vec!["mcp", "--listen", "127.0.0.1:0", "--upstream-url", upstream];
@@ -122,12 +147,17 @@ fn http_proxy(upstream: &str, store: &str, extra: &[&str]) -> Server {
 }
 
 async fn http_client(url: &str, token: &str) -> Client {
+    http_client_as(url, "authorization", &format!("Bearer {token}")).await
+}
+
+/// A client that names itself with the header `name: value`.
+async fn http_client_as(url: &str, name: &'static str, value: &str) -> Client {
     // rmcp's HTTP client is reqwest with rustls, whose crypto provider the workspace picks.
     let _ = rustls::crypto::ring::default_provider().install_default();
     let mut headers = HashMap::new();
     headers.insert(
-        http::HeaderName::from_static("authorization"),
-        http::HeaderValue::from_str(&format!("Bearer {token}")).expect("header"),
+        http::HeaderName::from_static(name),
+        http::HeaderValue::from_str(value).expect("header"),
     );
     let config = StreamableHttpClientTransportConfig::with_uri(url).custom_headers(headers);
     ().serve(StreamableHttpClientTransport::from_config(config))
@@ -262,10 +292,7 @@ async fn a_cancelled_call_still_completes_and_its_retry_replays() {
 #[tokio::test]
 async fn http_proxy_dedups_per_caller() {
     let d = dir();
-    let db = d.db.display().to_string();
-    let upstream = spawn_http(&["example-mcp", "--listen", "127.0.0.1:0", "--db", &db]);
-    let store = format!("sqlite:{}", d.store.display());
-    let proxy = http_proxy(&upstream.1, &store, &[]);
+    let (_upstream, proxy, _) = behind_http_proxy(&d, &[]);
     let alice = http_client(&proxy.1, "alice").await;
     same_key_replays_and_refusals_charge_nothing(&alice, &d.db).await;
 
@@ -282,6 +309,42 @@ async fn http_proxy_dedups_per_caller() {
     assert_eq!(idem_meta(&replay)["replayed"], true);
     assert_eq!(charges(&d.db), 2);
     for c in [alice, bob, alice_again] {
+        let _ = c.cancel().await;
+    }
+}
+
+/// Callers are named as `idem serve` names them by default (credentials, cookies, API-key
+/// headers), not by `Authorization` alone: two callers with their own `x-api-key`, or their
+/// own session cookie, are two scopes, and the same key is a new intent for each.
+#[tokio::test]
+async fn http_callers_are_named_by_the_gateways_default_scope_headers() {
+    let d = dir();
+    let (_upstream, proxy, store) = behind_http_proxy(&d, &[]);
+    let charge = json!({"customer": "cus_k", "amount_cents": 100, "idempotency_key": "k-1"});
+    let mut clients = Vec::new();
+    for (n, (name, value)) in [
+        ("x-api-key", "key-of-alice"),
+        ("x-api-key", "key-of-bob"),
+        ("cookie", "session=carol"),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let c = http_client_as(&proxy.1, name, value).await;
+        let first = call(&c, "charge_card", charge.clone()).await;
+        assert_eq!(idem_meta(&first), Value::Null, "{name}: {value}: {first:?}");
+        assert_eq!(charges(&d.db), n as i64 + 1);
+        clients.push(c);
+    }
+    // The same caller again, in a new session: a replay.
+    let alice = http_client_as(&proxy.1, "x-api-key", "key-of-alice").await;
+    let replay = call(&alice, "charge_card", charge).await;
+    assert_eq!(idem_meta(&replay)["replayed"], true);
+    assert_eq!(charges(&d.db), 3);
+    // `idem inspect --principal` finds the caller's record with the same defaults.
+    assert!(inspect(&store, "x-api-key: key-of-bob", "k-1").contains("completed"));
+    clients.push(alice);
+    for c in clients {
         let _ = c.cancel().await;
     }
 }
@@ -594,13 +657,7 @@ async fn an_upstream_restart_loses_the_session_and_never_resends_a_call_in_fligh
     // The call reached the upstream once the proxy holds its key in flight.
     let deadline = std::time::Instant::now() + Duration::from_secs(30);
     loop {
-        let out = Command::new(IDEM)
-            .args(["inspect", "--store", &store])
-            .args(["--principal", "authorization: Bearer alice"])
-            .arg("in-flight-1")
-            .output()
-            .expect("idem inspect");
-        if String::from_utf8_lossy(&out.stdout).contains("in_flight") {
+        if inspect(&store, "authorization: Bearer alice", "in-flight-1").contains("in_flight") {
             break;
         }
         assert!(
