@@ -349,7 +349,8 @@ pub(crate) struct McpArgs {
     #[arg(long, value_name = "NAME: VALUE", requires = "listen")]
     pub(crate) upstream_header: Vec<String>,
     /// Over HTTP: a header naming the caller, hashed into the scope (repeatable; default
-    /// the policy file's scope_headers, else authorization).
+    /// the policy file's scope_headers, else idem serve's: authorization,
+    /// proxy-authorization, cookie, x-api-key, api-key, x-auth-token).
     #[arg(long, value_name = "NAME", requires = "listen")]
     pub(crate) scope_header: Vec<String>,
     /// Over HTTP: a Host the server answers to besides loopback (repeatable).

@@ -24,6 +24,10 @@ fn main() -> ExitCode {
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_writer(std::io::stderr)
         .init();
+    // One rustls crypto provider for the whole process (ring, as the workspace pins it):
+    // reqwest, built with rustls but no provider of its own (idem mcp's upstream client), finds
+    // none otherwise and panics when any client is built, `idem demo`'s plain-HTTP one too.
+    let _ = rustls::crypto::ring::default_provider().install_default();
     let cli = Cli::parse();
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()

@@ -113,13 +113,51 @@ fn spawn_http(args: &[&str]) -> Server {
     Server(child, url)
 }
 
+/// `idem example-mcp` over HTTP on `d`'s database and `idem mcp` in front of it on `d`'s
+/// store, with `extra` arguments: the upstream, the proxy and the store URL.
+fn behind_http_proxy(d: &Dir, extra: &[&str]) -> (Server, Server, String) {
+    let db = d.db.display().to_string();
+    let upstream = spawn_http(&["example-mcp", "--listen", "127.0.0.1:0", "--db", &db]);
+    let store = format!("sqlite:{}", d.store.display());
+    let proxy = http_proxy(&upstream.1, &store, extra);
+    (upstream, proxy, store)
+}
+
+/// What `idem inspect --principal PRINCIPAL KEY` prints (on a key it does not know: the
+/// error).
+fn inspect(store: &str, principal: &str, key: &str) -> String {
+    let out = Command::new(IDEM)
+        .args(["inspect", "--store", store, "--principal", principal, key])
+        .output()
+        .expect("idem inspect");
+    let text = if out.status.success() {
+        out.stdout
+    } else {
+        out.stderr
+    };
+    String::from_utf8_lossy(&text).into_owned()
+}
+
+/// `idem mcp` over HTTP in front of `upstream`, on `store`, with `extra` arguments.
+fn http_proxy(upstream: &str, store: &str, extra: &[&str]) -> Server {
+    let mut args = vec!["mcp", "--listen", "127.0.0.1:0", "--upstream-url", upstream];
+    args.extend(["--store", store]);
+    args.extend(extra);
+    spawn_http(&args)
+}
+
 async fn http_client(url: &str, token: &str) -> Client {
+    http_client_as(url, "authorization", &format!("Bearer {token}")).await
+}
+
+/// A client that names itself with the header `name: value`.
+async fn http_client_as(url: &str, name: &'static str, value: &str) -> Client {
     // rmcp's HTTP client is reqwest with rustls, whose crypto provider the workspace picks.
     let _ = rustls::crypto::ring::default_provider().install_default();
     let mut headers = HashMap::new();
     headers.insert(
-        http::HeaderName::from_static("authorization"),
-        http::HeaderValue::from_str(&format!("Bearer {token}")).expect("header"),
+        http::HeaderName::from_static(name),
+        http::HeaderValue::from_str(value).expect("header"),
     );
     let config = StreamableHttpClientTransportConfig::with_uri(url).custom_headers(headers);
     ().serve(StreamableHttpClientTransport::from_config(config))
@@ -254,18 +292,7 @@ async fn a_cancelled_call_still_completes_and_its_retry_replays() {
 #[tokio::test]
 async fn http_proxy_dedups_per_caller() {
     let d = dir();
-    let db = d.db.display().to_string();
-    let upstream = spawn_http(&["example-mcp", "--listen", "127.0.0.1:0", "--db", &db]);
-    let store = format!("sqlite:{}", d.store.display());
-    let proxy = spawn_http(&[
-        "mcp",
-        "--listen",
-        "127.0.0.1:0",
-        "--upstream-url",
-        &upstream.1,
-        "--store",
-        &store,
-    ]);
+    let (_upstream, proxy, _) = behind_http_proxy(&d, &[]);
     let alice = http_client(&proxy.1, "alice").await;
     same_key_replays_and_refusals_charge_nothing(&alice, &d.db).await;
 
@@ -282,6 +309,42 @@ async fn http_proxy_dedups_per_caller() {
     assert_eq!(idem_meta(&replay)["replayed"], true);
     assert_eq!(charges(&d.db), 2);
     for c in [alice, bob, alice_again] {
+        let _ = c.cancel().await;
+    }
+}
+
+/// Callers are named as `idem serve` names them by default (credentials, cookies, API-key
+/// headers), not by `Authorization` alone: two callers with their own `x-api-key`, or their
+/// own session cookie, are two scopes, and the same key is a new intent for each.
+#[tokio::test]
+async fn http_callers_are_named_by_the_gateways_default_scope_headers() {
+    let d = dir();
+    let (_upstream, proxy, store) = behind_http_proxy(&d, &[]);
+    let charge = json!({"customer": "cus_k", "amount_cents": 100, "idempotency_key": "k-1"});
+    let mut clients = Vec::new();
+    for (n, (name, value)) in [
+        ("x-api-key", "key-of-alice"),
+        ("x-api-key", "key-of-bob"),
+        ("cookie", "session=carol"),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let c = http_client_as(&proxy.1, name, value).await;
+        let first = call(&c, "charge_card", charge.clone()).await;
+        assert_eq!(idem_meta(&first), Value::Null, "{name}: {value}: {first:?}");
+        assert_eq!(charges(&d.db), n as i64 + 1);
+        clients.push(c);
+    }
+    // The same caller again, in a new session: a replay.
+    let alice = http_client_as(&proxy.1, "x-api-key", "key-of-alice").await;
+    let replay = call(&alice, "charge_card", charge).await;
+    assert_eq!(idem_meta(&replay)["replayed"], true);
+    assert_eq!(charges(&d.db), 3);
+    // `idem inspect --principal` finds the caller's record with the same defaults.
+    assert!(inspect(&store, "x-api-key: key-of-bob", "k-1").contains("completed"));
+    clients.push(alice);
+    for c in clients {
         let _ = c.cancel().await;
     }
 }
@@ -376,4 +439,285 @@ async fn leave_mid_call(sigterm: bool) {
     assert_eq!(idem_meta(&replay)["replayed"], true);
     assert_eq!(charges(&d.db), 1);
     let _ = client.cancel().await;
+}
+
+/// A TLS front for `target` (a loopback address) with a certificate for `localhost` signed by
+/// a fresh CA, whose PEM is written to `ca_path`. Returns the front's port. It runs on the
+/// test's runtime, so the test must be multi-threaded: `spawn_http` blocks its thread reading
+/// the proxy's first line while the proxy's startup request waits for this front's handshake.
+async fn tls_front(target: std::net::SocketAddr, ca_path: &Path) -> u16 {
+    use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, IsCa, KeyPair};
+    use tokio_rustls::rustls;
+
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let mut ca_params = CertificateParams::new(Vec::<String>::new()).expect("ca params");
+    ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    let ca =
+        CertifiedIssuer::self_signed(ca_params, KeyPair::generate().expect("key")).expect("ca");
+    std::fs::write(ca_path, ca.pem()).expect("write the CA");
+    let leaf_key = KeyPair::generate().expect("key");
+    let leaf = CertificateParams::new(vec!["localhost".to_owned()])
+        .expect("params")
+        .signed_by(&leaf_key, &ca)
+        .expect("leaf");
+    let config = rustls::ServerConfig::builder()
+        .with_no_client_auth()
+        .with_single_cert(
+            vec![leaf.der().clone()],
+            rustls::pki_types::PrivateKeyDer::try_from(leaf_key.serialize_der()).expect("key der"),
+        )
+        .expect("server config");
+    let acceptor = tokio_rustls::TlsAcceptor::from(std::sync::Arc::new(config));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let port = listener.local_addr().expect("addr").port();
+    tokio::spawn(async move {
+        while let Ok((tcp, _)) = listener.accept().await {
+            let acceptor = acceptor.clone();
+            tokio::spawn(async move {
+                let Ok(mut tls) = acceptor.accept(tcp).await else {
+                    return;
+                };
+                let Ok(mut plain) = tokio::net::TcpStream::connect(target).await else {
+                    return;
+                };
+                let _ = tokio::io::copy_bidirectional(&mut tls, &mut plain).await;
+            });
+        }
+    });
+    port
+}
+
+/// Runs `idem mcp` over HTTP in front of `url`, which must stop it within 90 s (its patience
+/// is 10 s) with a failure; returns its stderr, with the proxy's debug log.
+async fn proxy_that_fails_to_start(url: &str, store: &str) -> String {
+    let mut cmd = tokio::process::Command::new(IDEM);
+    cmd.args(["mcp", "--listen", "127.0.0.1:0", "--upstream-url", url])
+        .args(["--store", store])
+        .env("IDEM_LOG", "idem_mcp=debug")
+        .kill_on_drop(true);
+    let out = tokio::time::timeout(Duration::from_secs(90), cmd.output())
+        .await
+        .unwrap_or_else(|_| panic!("idem mcp in front of {url} still waits after 90 s"))
+        .expect("run idem mcp");
+    assert!(!out.status.success());
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+fn socket_addr(url: &str) -> std::net::SocketAddr {
+    url.trim_start_matches("http://")
+        .trim_end_matches("/mcp")
+        .parse()
+        .unwrap_or_else(|e| panic!("{url}: {e}"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_https_upstream_with_its_ca_works_and_without_it_the_error_names_the_certificate() {
+    let d = dir();
+    let db = d.db.display().to_string();
+    let upstream = spawn_http(&["example-mcp", "--listen", "127.0.0.1:0", "--db", &db]);
+    let ca = d._tmp.path().join("ca.pem");
+    let port = tls_front(socket_addr(&upstream.1), &ca).await;
+    let url = format!("https://localhost:{port}/mcp");
+    let store = format!("sqlite:{}", d.store.display());
+
+    // Without the CA the proxy refuses to start, and says why, at once: a certificate that
+    // does not verify will not get better, so it is not retried as a server still starting.
+    let err = proxy_that_fails_to_start(&url, &store).await;
+    assert!(
+        err.contains("certificate") && err.contains("UnknownIssuer"),
+        "{err}"
+    );
+    assert!(!err.contains("trying again"), "{err}");
+
+    let ca_arg = ca.display().to_string();
+    let proxy = http_proxy(&url, &store, &["--upstream-ca", &ca_arg]);
+    let client = tokio::time::timeout(Duration::from_secs(60), async {
+        let client = http_client(&proxy.1, "alice").await;
+        same_key_replays_and_refusals_charge_nothing(&client, &d.db).await;
+        client
+    })
+    .await
+    .expect("the calls through the HTTPS upstream did not finish");
+    let _ = client.cancel().await;
+}
+
+/// `GET http://ADDR{path}` with HTTP/1.0 (the server closes): the status line and body.
+fn http_get(addr: std::net::SocketAddr, path: &str) -> (String, String) {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(addr).expect("connect");
+    s.set_read_timeout(Some(Duration::from_secs(30)))
+        .expect("timeout");
+    write!(s, "GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n").expect("send");
+    let mut text = String::new();
+    s.read_to_string(&mut text).expect("read");
+    let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
+    (
+        head.lines().next().unwrap_or("").to_owned(),
+        body.to_owned(),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_admin_listener_counts_executions_and_replays() {
+    let d = dir();
+    let db = d.db.display().to_string();
+    let upstream = spawn_http(&["example-mcp", "--listen", "127.0.0.1:0", "--db", &db]);
+    let admin = {
+        // A free port: bound and let go (the proxy binds it next).
+        let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        l.local_addr().expect("addr")
+    };
+    let (admin_arg, store) = (admin.to_string(), format!("sqlite:{}", d.store.display()));
+    let proxy = http_proxy(&upstream.1, &store, &["--admin-listen", &admin_arg]);
+    let (status, body) = http_get(admin, "/healthz");
+    assert!(status.contains(" 200"), "{status} {body}");
+
+    let client = http_client(&proxy.1, "alice").await;
+    let charge = json!({"customer": "cus_m", "amount_cents": 100, "idempotency_key": "m-1"});
+    for _ in 0..3 {
+        call(&client, "charge_card", charge.clone()).await;
+    }
+    let email =
+        json!({"to": "a@example.com", "subject": "s", "body": "b", "idempotency_key": "m-2"});
+    call(&client, "send_email", email).await;
+    let no_key = call(
+        &client,
+        "charge_card",
+        json!({"customer": "c", "amount_cents": 1}),
+    )
+    .await;
+    assert_eq!(problem(&no_key).as_deref(), Some("key-missing"));
+    assert_eq!(charges(&d.db), 1);
+
+    let (status, metrics) = http_get(admin, "/metrics");
+    assert!(status.contains(" 200"), "{status}");
+    for line in [
+        r#"idem_requests_total{outcome="executed"} 2"#,
+        r#"idem_requests_total{outcome="replayed"} 2"#,
+        r#"idem_requests_total{outcome="missing"} 1"#,
+    ] {
+        assert!(
+            metrics.lines().any(|l| l == line),
+            "no {line} in\n{metrics}"
+        );
+    }
+    let _ = client.cancel().await;
+}
+
+/// An upstream that accepts connections and never answers (here: a socket nobody accepts on,
+/// whose connections the kernel completes) stops the proxy with an error after its patience,
+/// instead of holding the startup forever.
+#[tokio::test]
+async fn an_upstream_that_never_answers_stops_the_proxy_at_startup() {
+    let d = dir();
+    let silent = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let url = format!("http://{}/mcp", silent.local_addr().expect("addr"));
+    let store = format!("sqlite:{}", d.store.display());
+    let err = proxy_that_fails_to_start(&url, &store).await;
+    assert!(
+        err.contains("cannot reach the upstream MCP server") && err.contains("timed out"),
+        "{err}"
+    );
+    drop(silent);
+}
+
+/// The upstream restarts (on the same address) while a slow charge is in flight: that call's
+/// outcome is unknown and never re-sent; the clients' sessions are answered 404 (rmcp then
+/// starts a new session by itself and sends its call again there), and a new key charges once
+/// ([design §8](docs/design.md#8-mcp)).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_upstream_restart_loses_the_session_and_never_resends_a_call_in_flight() {
+    let d = dir();
+    let db = d.db.display().to_string();
+    let upstream = spawn_http(&["example-mcp", "--listen", "127.0.0.1:0", "--db", &db]);
+    let upstream_addr = socket_addr(&upstream.1).to_string();
+    let store = format!("sqlite:{}", d.store.display());
+    let proxy = http_proxy(&upstream.1, &store, &[]);
+    let alice = http_client(&proxy.1, "alice").await;
+    // A client that does not start a new session by itself shows what the proxy answers.
+    let strict = {
+        let config = StreamableHttpClientTransportConfig::with_uri(proxy.1.as_str())
+            .reinit_on_expired_session(false);
+        ().serve(StreamableHttpClientTransport::from_config(config))
+            .await
+            .expect("initialize over HTTP")
+    };
+    let slow = json!({"customer": "cus_r", "amount_cents": 100, "delay_ms": 20000,
+                      "idempotency_key": "in-flight-1"});
+    let peer = alice.peer().clone();
+    let in_flight = tokio::spawn({
+        let slow = slow.clone();
+        async move {
+            peer.call_tool(CallToolRequestParams::new("charge_card").with_arguments(args(slow)))
+                .await
+        }
+    });
+    // The call reached the upstream once the proxy holds its key in flight.
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        if inspect(&store, "authorization: Bearer alice", "in-flight-1").contains("in_flight") {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the call never started"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    drop(upstream); // killed mid-call, its sessions with it
+    let first = tokio::time::timeout(Duration::from_secs(60), in_flight)
+        .await
+        .expect("the call in flight was never answered")
+        .expect("join")
+        .expect("an answer, not a transport failure");
+    assert_eq!(
+        problem(&first).as_deref(),
+        Some("outcome-unknown"),
+        "{first:?}"
+    );
+    let upstream = spawn_http(&["example-mcp", "--listen", &upstream_addr, "--db", &db]);
+
+    // The proxy passes the upstream's 404: the session is gone, nothing ran.
+    let lost = strict
+        .call_tool(
+            CallToolRequestParams::new("charge_card").with_arguments(args(
+                json!({"customer": "cus_r", "amount_cents": 300, "idempotency_key": "strict-1"}),
+            )),
+        )
+        .await;
+    let err = format!("{:?}", lost.expect_err("the old session still worked"));
+    assert!(err.contains("SessionExpired"), "{err}");
+    assert_eq!(charges(&d.db), 0);
+
+    // rmcp starts a new session on the 404 and sends the call again: a new key charges once.
+    let next = json!({"customer": "cus_r", "amount_cents": 200, "idempotency_key": "after-1"});
+    let after = call(&alice, "charge_card", next.clone()).await;
+    assert_ne!(after.is_error, Some(true), "{after:?}");
+    assert_eq!(idem_meta(&after), Value::Null);
+    assert_eq!(charges(&d.db), 1);
+    // The call that was in flight is never sent again, in any session.
+    let retry = call(&alice, "charge_card", slow.clone()).await;
+    assert_eq!(
+        problem(&retry).as_deref(),
+        Some("outcome-unknown"),
+        "{retry:?}"
+    );
+    let again = http_client(&proxy.1, "alice").await;
+    let retry = call(&again, "charge_card", slow).await;
+    assert_eq!(
+        problem(&retry).as_deref(),
+        Some("outcome-unknown"),
+        "{retry:?}"
+    );
+    assert_eq!(
+        idem_meta(&call(&again, "charge_card", next).await)["replayed"],
+        true
+    );
+    assert_eq!(charges(&d.db), 1);
+    drop(upstream);
+    for c in [alice, strict, again] {
+        let _ = c.cancel().await;
+    }
 }

@@ -10,8 +10,9 @@
 //! requests of effect tools, which it forwards with an id of its own, relaying the events of
 //! their stream (progress, elicitation) to the client while it waits for the result.
 //!
-//! A caller's scope is the hash of its configured headers (by default `Authorization`), as
-//! the gateway computes it, so two tenants' keys never meet.
+//! A caller's scope is the hash of its configured headers (by default the gateway's:
+//! credentials, `Cookie`, API-key headers), as the gateway computes it, so two tenants' keys
+//! never meet.
 //!
 //! The upstream may be `https://`: rustls with the system's roots, plus a CA file
 //! ([`Upstream::ca_file`]). When the upstream has lost a session (it answers 404 to the
@@ -35,7 +36,7 @@ use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
 use futures_util::TryStreamExt;
 use http::{HeaderMap, HeaderName, HeaderValue, Method, StatusCode, header};
-use idem_core::{Scope, Store, ToolClass};
+use idem_core::{Scope, ScopeHeaders, Store, ToolClass};
 use rmcp::ServerHandler;
 use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
 use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, StreamableHttpService};
@@ -179,20 +180,21 @@ struct Shared<S> {
     proxy: Proxy<S>,
     client: reqwest::Client,
     upstream: Upstream,
-    scope_headers: Vec<HeaderName>,
+    scope_headers: ScopeHeaders,
     hosts: Vec<String>,
     nonce: String,
     next: AtomicU64,
 }
 
 /// Serves the proxy in front of `upstream` until `shutdown` resolves. Callers are scoped by
-/// `scope_headers`.
+/// `scope_headers`, as `idem serve` scopes them; a caller they do not name is in the anonymous
+/// scope.
 pub async fn serve<S: Store + Clone>(
     options: HttpOptions,
     upstream: Upstream,
     store: S,
     policies: Policies,
-    scope_headers: Vec<HeaderName>,
+    scope_headers: ScopeHeaders,
     on_bound: impl FnOnce(SocketAddr),
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<()> {
@@ -200,11 +202,15 @@ pub async fn serve<S: Store + Clone>(
     // The upstream may be starting alongside the proxy (a service manager, a shell line with
     // `&`): keep trying for a while before giving up, as a sidecar should. Any HTTP answer
     // will do; a certificate that does not verify will not get better, so it fails at once.
+    // An upstream that accepts connections and never answers stops the proxy at the deadline
+    // too, instead of holding its startup forever.
     let deadline = tokio::time::Instant::now() + CONNECT_PATIENCE;
     loop {
+        let patience = deadline.saturating_duration_since(tokio::time::Instant::now());
         match client
             .get(&upstream.url)
             .header(header::ACCEPT, "text/event-stream")
+            .timeout(patience.max(Duration::from_secs(1)))
             .send()
             .await
         {
@@ -216,7 +222,9 @@ pub async fn serve<S: Store + Clone>(
                     chain(&e)
                 );
             }
-            Err(e) if format!("{e:?}").contains("certificate") => {
+            // rustls says "invalid peer certificate" in the error's sources, which the
+            // error's own Debug does not show.
+            Err(e) if chain(&e).contains("certificate") => {
                 anyhow::bail!(
                     "cannot reach the upstream MCP server at {}: {}",
                     upstream.url,
@@ -667,7 +675,10 @@ async fn tools_call<S: Store + Clone>(
     if known.class != ToolClass::Effect {
         return pass(&st, Method::POST, &headers, bytes.into()).await;
     }
-    let scope = Scope::from_headers(&headers, &st.scope_headers);
+    let scope = st
+        .scope_headers
+        .principal(&headers)
+        .unwrap_or_else(Scope::anonymous);
     let wants_sse = headers
         .get(header::ACCEPT)
         .and_then(|v| v.to_str().ok())

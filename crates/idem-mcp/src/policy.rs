@@ -3,7 +3,7 @@
 //!
 //! ```toml
 //! scope = "mcp"              # the scope of stdio callers ([design §8](docs/design.md#8-mcp))
-//! scope_headers = ["authorization"]   # over HTTP: the headers naming the caller
+//! scope_headers = ["authorization"]   # over HTTP: the headers naming the caller (default: idem serve's)
 //!
 //! [defaults]                 # every effect tool, unless its own table says otherwise
 //! key = "model"              # where keys come from: "model", "runtime" or "derived"
@@ -42,7 +42,7 @@ pub const DEFAULT_SCOPE: &str = "mcp";
 pub struct PolicyFile {
     /// The scope label of stdio callers.
     pub scope: Option<String>,
-    /// Headers naming an HTTP caller.
+    /// Headers naming an HTTP caller (default: `idem serve`'s, `ScopeHeaders::default`).
     pub scope_headers: Option<Vec<String>>,
     /// Settings of every effect tool.
     #[serde(default)]

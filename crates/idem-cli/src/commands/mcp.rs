@@ -4,7 +4,7 @@ use std::collections::HashMap;
 
 use anyhow::{Context, Result, bail};
 use http::{HeaderName, HeaderValue};
-use idem_core::Scope;
+use idem_core::{Scope, ScopeHeaders};
 use idem_demo::mcp_server::ExampleServer;
 use idem_mcp::Policies;
 use idem_mcp::http::{HttpOptions, Upstream};
@@ -51,21 +51,25 @@ pub(crate) async fn run(args: McpArgs) -> Result<()> {
             let (name, value) = header(h).with_context(|| format!("--upstream-header {h:?}"))?;
             headers.insert(name, value);
         }
-        let names: Vec<String> = if args.scope_header.is_empty() {
-            policies
-                .scope_headers
-                .clone()
-                .unwrap_or_else(|| vec!["authorization".into()])
+        // The gateway's default scope headers (credentials, cookies, API keys) unless the
+        // command line or the policy file names others.
+        let names = if args.scope_header.is_empty() {
+            policies.scope_headers.clone()
         } else {
-            args.scope_header.clone()
+            Some(args.scope_header.clone())
         };
-        let scope_headers = names
-            .iter()
-            .map(|n| {
-                HeaderName::from_bytes(n.trim().as_bytes())
-                    .with_context(|| format!("{n:?} is not a header name"))
-            })
-            .collect::<Result<Vec<_>>>()?;
+        let scope_headers = match names {
+            None => ScopeHeaders::default(),
+            Some(names) => ScopeHeaders::new(
+                names
+                    .iter()
+                    .map(|n| {
+                        HeaderName::from_bytes(n.trim().as_bytes())
+                            .with_context(|| format!("{n:?} is not a header name"))
+                    })
+                    .collect::<Result<Vec<_>>>()?,
+            ),
+        };
         let options = HttpOptions {
             listen,
             allowed_hosts: args.allowed_host.clone(),
