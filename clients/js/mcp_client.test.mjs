@@ -16,6 +16,8 @@ import { dirname, isAbsolute, join, resolve } from "node:path";
 import { createInterface } from "node:readline";
 import { fileURLToPath } from "node:url";
 
+import { derive } from "./idem_key.mjs";
+
 const repo = resolve(dirname(fileURLToPath(import.meta.url)), "..", "..");
 const required = process.env.IDEM_REQUIRE_SERVICES === "1";
 
@@ -83,14 +85,15 @@ async function runtimeKeyChargesOnce(c) {
   assert.ok(!(schema("charge_card").required ?? []).includes("idempotency_key"));
   assert.equal(schema("send_email").properties.idempotency_key.type, "string");
 
-  const turnId = "turn-1";
+  // The runtime's key, derived at the point of intent as README shows: (run, tool, args).
+  const runId = "turn-1";
   const args = { customer: "cus_js", amount_cents: 4900 };
-  const meta = { idempotency_key: `${turnId}-charge_card` };
+  const meta = { idempotency_key: derive(runId, "charge_card", args) };
   const first = await c.callTool({ name: "charge_card", arguments: args, _meta: meta });
   assert.notEqual(first.isError, true, JSON.stringify(first));
   assert.deepEqual(idem(first), {});
   const again = await c.callTool({ name: "charge_card", arguments: args, _meta: meta });
-  assert.deepEqual(idem(again), { replayed: true, key: "turn-1-charge_card" });
+  assert.deepEqual(idem(again), { replayed: true, key: meta.idempotency_key });
   assert.deepEqual(again.structuredContent, first.structuredContent);
   assert.equal(await charges(c, "cus_js"), 1);
 

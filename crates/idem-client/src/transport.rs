@@ -65,6 +65,9 @@ impl HttpTransport {
     /// Calls tools under `base` (e.g. `http://127.0.0.1:8080/tools`), each attempt bounded by
     /// `timeout`.
     pub fn new(base: impl Into<String>, timeout: Duration) -> Result<Self, TransportError> {
+        // reqwest's TLS stack takes the process's default rustls provider, and builds without
+        // one may panic here: install ring's unless the process chose another.
+        let _ = rustls::crypto::ring::default_provider().install_default();
         // Redirects are not followed: a connect failure on a redirect target would look like
         // "not sent" for a request that was executed.
         let client = reqwest::Client::builder()

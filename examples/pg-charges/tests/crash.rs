@@ -48,6 +48,9 @@ fn start(db: &str, hold: bool) -> Server {
 }
 
 async fn charge(addr: &str, key: &str, body: &str) -> Result<(u16, bool, String), reqwest::Error> {
+    // The workspace builds reqwest with rustls and no provider of its own (idem mcp's choice):
+    // without a default provider, building a client panics.
+    let _ = rustls::crypto::ring::default_provider().install_default();
     let resp = reqwest::Client::new()
         .post(format!("http://{addr}/v1/charges"))
         .header("idempotency-key", key)
@@ -93,11 +96,21 @@ async fn a_crash_between_effect_and_commit_leaves_neither() {
     let mut held = start(&db, true);
     let addr = held.addr.clone();
     let request = tokio::spawn(async move { charge(&addr, "order-1", BODY).await });
+    let pid = held.child.id().to_string();
     let line = tokio::task::spawn_blocking(move || {
         let line = held.lines.next();
         (held, line)
     });
-    let (mut held, line) = line.await.unwrap();
+    // A request that never reaches the commit (it failed on the way) must fail the test, not
+    // hang it: past the bound the server is killed, which ends its output.
+    let line = match tokio::time::timeout(std::time::Duration::from_secs(60), line).await {
+        Ok(joined) => joined,
+        Err(_) => {
+            let _ = Command::new("kill").args(["-KILL", &pid]).status();
+            panic!("the server did not reach the commit within 60 s");
+        }
+    };
+    let (mut held, line) = line.unwrap();
     assert!(
         line.and_then(Result::ok)
             .is_some_and(|l| l.contains("holding before commit")),
