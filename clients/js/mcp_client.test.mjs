@@ -103,7 +103,7 @@ async function runtimeKeyChargesOnce(c) {
     arguments: { ...args, idempotency_key: "made-up-by-the-model" },
     _meta: meta,
   });
-  assert.deepEqual(idem(retry), { replayed: true, key: "turn-1-charge_card" });
+  assert.deepEqual(idem(retry), { replayed: true, key: meta.idempotency_key });
   assert.deepEqual(retry.structuredContent, first.structuredContent);
   assert.equal(await charges(c, "cus_js"), 1);
 
@@ -166,8 +166,8 @@ test("streamable HTTP: the runtime's _meta key charges once, per caller", { skip
   await runtimeKeyChargesOnce(alice);
   // A new session of the same caller still replays; another caller's same key is theirs.
   const aliceAgain = await connect("alice");
-  const meta = { idempotency_key: "turn-1-charge_card" };
   const args = { customer: "cus_js", amount_cents: 4900 };
+  const meta = { idempotency_key: derive("turn-1", "charge_card", args) };
   const replay = await aliceAgain.callTool({ name: "charge_card", arguments: args, _meta: meta });
   assert.equal(idem(replay).replayed, true);
   const bob = await connect("bob");
