@@ -5,6 +5,44 @@
 //! mismatch, outcome unknown, not sent, store error); a front end counts only the refusals it
 //! makes before the engine is asked (missing or invalid key, passthrough).
 
+/// Every value of the `outcome` label.
+pub const ALL: [Outcome; 10] = [
+    Outcome::Executed,
+    Outcome::Replayed,
+    Outcome::Conflict,
+    Outcome::Mismatch,
+    Outcome::Missing,
+    Outcome::Invalid,
+    Outcome::StoreError,
+    Outcome::OutcomeUnknown,
+    Outcome::NotSent,
+    Outcome::Passthrough,
+];
+
+/// The store operations `idem_store_errors_total{op}` and `idem_store_call_seconds{op}` name.
+pub const STORE_OPS: [&str; 7] = [
+    "claim", "complete", "release", "extend", "get", "purge", "resolve",
+];
+
+/// Registers every counter idem emits at zero, so a scraper sees each from the start: an alert
+/// on `idem_completions_lost_total` or `idem_store_errors_total` must not find "no data" until
+/// the first loss. Call it once after installing a recorder.
+pub fn register_metrics() {
+    for outcome in ALL {
+        metrics::counter!("idem_requests_total", "outcome" => outcome.as_str()).absolute(0);
+    }
+    for op in STORE_OPS {
+        metrics::counter!("idem_store_errors_total", "op" => op).absolute(0);
+    }
+    for name in [
+        "idem_abandoned_records_total",
+        "idem_completions_lost_total",
+        "idem_purged_records_total",
+    ] {
+        metrics::counter!(name).absolute(0);
+    }
+}
+
 /// One value of the `outcome` label.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Outcome {

@@ -50,6 +50,7 @@ pub(crate) fn install_metrics() -> Result<metrics_exporter_prometheus::Prometheu
         .context("metrics buckets")?
         .install_recorder()
         .context("cannot install the metrics recorder")
+        .inspect(|_| idem_core::outcome::register_metrics())
 }
 
 /// SIGTERM or Ctrl-C.

@@ -769,16 +769,25 @@ mod tests {
         assert_eq!(rec.and_then(|r| r.response).map(|r| r.body), Some(want));
     }
 
-    /// A store whose `extend` waits until the effect has made progress: if the heartbeat
-    /// paused the effect while extending, this would never finish.
-    #[derive(Clone)]
-    struct ExtendWaitsForEffect {
+    /// The memory store, with faults scripted per test.
+    #[derive(Clone, Default)]
+    struct Scripted {
         inner: MemoryStore,
+        /// `extend` waits until the effect has made progress (and says it is extending): if
+        /// the heartbeat paused the effect while extending, the effect would never finish.
+        extend_waits_for_effect: bool,
         extending: Arc<std::sync::atomic::AtomicBool>,
         progressed: Arc<tokio::sync::Notify>,
+        /// A non-zero `extend` lands this long after it is sent, even if its caller stops
+        /// waiting (a request already on the wire to a server).
+        extends_land_after: Option<Duration>,
+        /// The next completions that fail; with `failed_completions_land`, each is applied
+        /// first (the answer is lost on the way back, not the write).
+        completion_failures: Arc<AtomicU32>,
+        failed_completions_land: bool,
     }
 
-    impl Store for ExtendWaitsForEffect {
+    impl Store for Scripted {
         async fn claim(&self, r: ClaimRequest) -> Result<Claim, StoreError> {
             self.inner.claim(r).await
         }
@@ -789,7 +798,17 @@ mod tests {
             t: FencingToken,
             r: StoredResponse,
         ) -> Result<Record, StoreError> {
-            self.inner.complete(s, k, t, r).await
+            let fail = self
+                .completion_failures
+                .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+                .is_ok();
+            if !fail {
+                return self.inner.complete(s, k, t, r).await;
+            }
+            if self.failed_completions_land {
+                let _ = self.inner.complete(s, k, t, r).await;
+            }
+            Err(StoreError::Unavailable("disk busy".into()))
         }
         async fn release(&self, s: &Scope, k: &Key, t: FencingToken) -> Result<(), StoreError> {
             self.inner.release(s, k, t).await
@@ -801,10 +820,23 @@ mod tests {
             t: FencingToken,
             l: Duration,
         ) -> Result<Timestamp, StoreError> {
-            let progressed = self.progressed.notified();
-            self.extending.store(true, Ordering::SeqCst);
-            progressed.await;
-            self.inner.extend(s, k, t, l).await
+            if self.extend_waits_for_effect {
+                let progressed = self.progressed.notified();
+                self.extending.store(true, Ordering::SeqCst);
+                progressed.await;
+            }
+            match self.extends_land_after {
+                Some(after) if !l.is_zero() => {
+                    let (inner, s, k) = (self.inner.clone(), s.clone(), k.clone());
+                    let sent = tokio::spawn(async move {
+                        tokio::time::sleep(after).await;
+                        inner.extend(&s, &k, t, l).await
+                    });
+                    sent.await
+                        .unwrap_or_else(|e| Err(StoreError::Unavailable(e.to_string().into())))
+                }
+                _ => self.inner.extend(s, k, t, l).await,
+            }
         }
         async fn get(&self, s: &Scope, k: &Key) -> Result<Option<Record>, StoreError> {
             self.inner.get(s, k).await
@@ -824,10 +856,9 @@ mod tests {
 
     #[tokio::test]
     async fn a_slow_heartbeat_never_pauses_the_effect() {
-        let store = ExtendWaitsForEffect {
-            inner: MemoryStore::new(),
-            extending: Arc::default(),
-            progressed: Arc::default(),
+        let store = Scripted {
+            extend_waits_for_effect: true,
+            ..Scripted::default()
         };
         let engine = Engine::new(store.clone());
         let p = Policy {
@@ -1035,61 +1066,6 @@ mod tests {
         assert!(matches!(held, Ok(None)), "{held:?}");
     }
 
-    /// A store whose extends land some time after they are sent (a request already on the
-    /// wire to a server), even if the caller stops waiting.
-    #[derive(Clone)]
-    struct LateExtends(MemoryStore);
-
-    impl Store for LateExtends {
-        async fn claim(&self, r: ClaimRequest) -> Result<Claim, StoreError> {
-            self.0.claim(r).await
-        }
-        async fn complete(
-            &self,
-            s: &Scope,
-            k: &Key,
-            t: FencingToken,
-            r: StoredResponse,
-        ) -> Result<Record, StoreError> {
-            self.0.complete(s, k, t, r).await
-        }
-        async fn release(&self, s: &Scope, k: &Key, t: FencingToken) -> Result<(), StoreError> {
-            self.0.release(s, k, t).await
-        }
-        async fn extend(
-            &self,
-            s: &Scope,
-            k: &Key,
-            t: FencingToken,
-            l: Duration,
-        ) -> Result<Timestamp, StoreError> {
-            if l.is_zero() {
-                return self.0.extend(s, k, t, l).await;
-            }
-            let (inner, s, k) = (self.0.clone(), s.clone(), k.clone());
-            let sent = tokio::spawn(async move {
-                tokio::time::sleep(Duration::from_millis(200)).await;
-                inner.extend(&s, &k, t, l).await
-            });
-            sent.await
-                .unwrap_or_else(|e| Err(StoreError::Unavailable(e.to_string().into())))
-        }
-        async fn get(&self, s: &Scope, k: &Key) -> Result<Option<Record>, StoreError> {
-            self.0.get(s, k).await
-        }
-        async fn purge_expired(&self, n: usize) -> Result<usize, StoreError> {
-            self.0.purge_expired(n).await
-        }
-        async fn resolve(
-            &self,
-            s: &Scope,
-            k: &Key,
-            r: crate::store::Resolution,
-        ) -> Result<Option<Record>, StoreError> {
-            self.0.resolve(s, k, r).await
-        }
-    }
-
     /// An unknown outcome stays abandoned: a heartbeat extend that was on the wire when the
     /// effect ended lands before the engine marks the record abandoned, not after (where it
     /// would revive the record as in flight, and a retry would get a conflict instead of
@@ -1098,7 +1074,11 @@ mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_late_heartbeat_never_revives_an_unknown_outcome() {
         let store = MemoryStore::new();
-        let engine = Engine::new(LateExtends(store.clone()));
+        let engine = Engine::new(Scripted {
+            inner: store.clone(),
+            extends_land_after: Some(Duration::from_millis(200)),
+            ..Scripted::default()
+        });
         let p = Policy {
             lease: Duration::from_millis(600),
             ..Policy::default()
@@ -1135,66 +1115,6 @@ mod tests {
         assert_eq!(state("b").await, Some(RecordState::Abandoned));
     }
 
-    /// A store whose first `failures` completions fail; with `lands`, each failed one is
-    /// applied first (the answer was lost on the way back, not the write).
-    #[derive(Clone)]
-    struct FlakyCompletions {
-        inner: MemoryStore,
-        failures: Arc<AtomicU32>,
-        lands: bool,
-    }
-
-    impl Store for FlakyCompletions {
-        async fn claim(&self, r: ClaimRequest) -> Result<Claim, StoreError> {
-            self.inner.claim(r).await
-        }
-        async fn complete(
-            &self,
-            s: &Scope,
-            k: &Key,
-            t: FencingToken,
-            r: StoredResponse,
-        ) -> Result<Record, StoreError> {
-            let fail = self
-                .failures
-                .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
-                .is_ok();
-            if !fail {
-                return self.inner.complete(s, k, t, r).await;
-            }
-            if self.lands {
-                let _ = self.inner.complete(s, k, t, r).await;
-            }
-            Err(StoreError::Unavailable("disk busy".into()))
-        }
-        async fn release(&self, s: &Scope, k: &Key, t: FencingToken) -> Result<(), StoreError> {
-            self.inner.release(s, k, t).await
-        }
-        async fn extend(
-            &self,
-            s: &Scope,
-            k: &Key,
-            t: FencingToken,
-            l: Duration,
-        ) -> Result<Timestamp, StoreError> {
-            self.inner.extend(s, k, t, l).await
-        }
-        async fn get(&self, s: &Scope, k: &Key) -> Result<Option<Record>, StoreError> {
-            self.inner.get(s, k).await
-        }
-        async fn purge_expired(&self, n: usize) -> Result<usize, StoreError> {
-            self.inner.purge_expired(n).await
-        }
-        async fn resolve(
-            &self,
-            s: &Scope,
-            k: &Key,
-            r: crate::store::Resolution,
-        ) -> Result<Option<Record>, StoreError> {
-            self.inner.resolve(s, k, r).await
-        }
-    }
-
     /// A completion that fails for a moment (a busy SQLite file, a store failing over) is
     /// retried while the lease allows, instead of leaving an executed effect as an unknown
     /// outcome; one that landed although its answer was lost is recognised by its token.
@@ -1204,10 +1124,11 @@ mod tests {
         for (failures, lands, stored) in [(3, false, true), (1, true, true), (1_000, false, false)]
         {
             let inner = MemoryStore::new();
-            let store = FlakyCompletions {
+            let store = Scripted {
                 inner: inner.clone(),
-                failures: Arc::new(AtomicU32::new(failures)),
-                lands,
+                completion_failures: Arc::new(AtomicU32::new(failures)),
+                failed_completions_land: lands,
+                ..Scripted::default()
             };
             let engine = Engine::new(store);
             let p = Policy {
