@@ -52,7 +52,7 @@ use crate::call::Forwarded;
 use crate::policy::Policies;
 use crate::proxy::Proxy;
 use crate::rpc::{self, Envelope, Line, Lines, MAX_MESSAGE};
-use crate::stdio::protocol_meta;
+use crate::stdio::{list_params, protocol_meta};
 
 /// Where and how the HTTP proxy serves.
 #[derive(Debug, Clone)]
@@ -658,14 +658,8 @@ async fn tools_call<S: Store + Clone>(
     let list = |cursor: Option<String>| {
         let (st, headers, envelope, ignored) = (&st, headers.clone(), envelope.clone(), &ignored);
         async move {
-            let mut p = Map::new();
-            if let Some(c) = cursor {
-                p.insert("cursor".into(), Value::String(c));
-            }
-            if !envelope.is_empty() {
-                p.insert("_meta".into(), Value::Object(envelope));
-            }
-            match exchange(st, headers, "tools/list", &Value::Object(p), None, ignored).await {
+            let params = list_params(cursor, envelope);
+            match exchange(st, headers, "tools/list", &params, None, ignored).await {
                 Forwarded::Result(r) => serde_json::from_str(r.get()).map_err(|e| e.to_string()),
                 other => Err(format!("{other:?}")),
             }

@@ -394,15 +394,12 @@ async fn tools_call<S: Store + Clone>(
     let list = |cursor: Option<String>| {
         let (link, envelope) = (link.clone(), envelope.clone());
         async move {
-            let mut p = Map::new();
-            if let Some(c) = cursor {
-                p.insert("cursor".into(), Value::String(c));
-            }
-            if !envelope.is_empty() {
-                p.insert("_meta".into(), Value::Object(envelope));
-            }
             match link
-                .ask("tools/list", &Value::Object(p), Duration::from_secs(30))
+                .ask(
+                    "tools/list",
+                    &list_params(cursor, envelope),
+                    Duration::from_secs(30),
+                )
                 .await
             {
                 Forwarded::Result(r) => serde_json::from_str(r.get()).map_err(|e| e.to_string()),
@@ -442,4 +439,17 @@ pub fn protocol_meta(params: &Map<String, Value>) -> Map<String, Value> {
                 .collect()
         })
         .unwrap_or_default()
+}
+
+/// The params of a `tools/list` the proxy sends on a client's behalf: the page's cursor, and
+/// the protocol envelope of the client's request ([`protocol_meta`]).
+pub fn list_params(cursor: Option<String>, envelope: Map<String, Value>) -> Value {
+    let mut p = Map::new();
+    if let Some(c) = cursor {
+        p.insert("cursor".into(), Value::String(c));
+    }
+    if !envelope.is_empty() {
+        p.insert("_meta".into(), Value::Object(envelope));
+    }
+    Value::Object(p)
 }
