@@ -1,0 +1,316 @@
+//! One call of a host language's function through the engine: [`Store::begin`], the
+//! function, [`Ticket::finish`].
+//!
+//! The record's result is what the host's codec made of the function's return value (or of a
+//! kept exception), stored as a response with a status from this one vocabulary, so `idem
+//! inspect` shows it and both languages read each other's records:
+//!
+//! | status | meaning |
+//! |---|---|
+//! | [`RETURNED`] (200) | the function returned; the body is its encoded value |
+//! | [`RAISED`] (500) | the function raised an error the tool keeps; the body describes it |
+
+use std::time::Duration;
+
+use idem_core::{
+    AbandonedPolicy, Answer, Begun, Effect, Execution, Fingerprint, Kept, Key, Policy, Record,
+    Scope, StoredBody, StoredResponse,
+};
+use idem_stores::{AnyStore, StoreUrl, redact};
+use serde_json::Value;
+
+use crate::{EmbedError, KeyFields, host::host};
+
+/// The status of a result the function returned.
+pub const RETURNED: u16 = 200;
+/// The status of an error the function raised and the tool keeps (replayed as raised).
+pub const RAISED: u16 = 500;
+
+/// The engine's scope of in-process tools. Their keys carry the caller's own scope (the run
+/// or task) in their text; there is no principal to separate, so records sit in the scope
+/// `idem inspect` reads by default.
+fn tool_scope() -> Scope {
+    Scope::anonymous()
+}
+
+/// A tool's policy, validated when the host language builds it (at decoration time), so a
+/// bad value is an error before any call.
+#[derive(Debug, Clone)]
+pub struct ToolPolicy(Policy);
+
+impl ToolPolicy {
+    /// `wait`: how long a duplicate of a call in flight waits for its result (`None`: answer
+    /// in flight at once). `on_abandoned`: `reject` (an unknown outcome is reported until an
+    /// operator resolves it) or `retry` (run again). `max_result_bytes`: larger results are
+    /// kept as a digest only, and a replay reports that.
+    pub fn new(
+        lease: Duration,
+        retention: Duration,
+        wait: Option<Duration>,
+        on_abandoned: &str,
+        max_result_bytes: usize,
+    ) -> Result<Self, EmbedError> {
+        let on_abandoned: AbandonedPolicy = on_abandoned.parse().map_err(EmbedError::Value)?;
+        let policy = Policy {
+            lease,
+            retention,
+            on_abandoned,
+            wait,
+            release_statuses: Vec::new(),
+            max_stored_body: max_result_bytes,
+        };
+        policy.validate()?;
+        Ok(ToolPolicy(policy))
+    }
+}
+
+impl Default for ToolPolicy {
+    fn default() -> Self {
+        ToolPolicy(Policy {
+            release_statuses: Vec::new(),
+            wait: Some(Duration::from_secs(30)),
+            ..Policy::default()
+        })
+    }
+}
+
+/// A store by URL. It holds only the URL: the engine behind it is the process's
+/// ([`crate::host`]), looked up on each call, so a value made before `fork()` works in the
+/// child too.
+#[derive(Debug, Clone)]
+pub struct Store {
+    url: String,
+}
+
+impl Store {
+    /// Checks the URL and opens the store (creating a SQLite file and its schema, connecting
+    /// to PostgreSQL or Redis), so that a wrong URL fails here and not at the first call.
+    pub fn open(url: &str) -> Result<Self, EmbedError> {
+        let _: StoreUrl = url.parse()?;
+        host()?.engine(url)?;
+        Ok(Store {
+            url: url.to_owned(),
+        })
+    }
+
+    /// The URL with any password replaced, for messages.
+    pub fn redacted(&self) -> String {
+        redact(&self.url)
+    }
+
+    /// Claims `key` for a call of `tool` with `args` (the fingerprint is taken over the key
+    /// fields only, when given, so noise outside them is not a mismatch). Blocks while a
+    /// duplicate in flight is waited for. An error means the store could not be used, and
+    /// the function must not run.
+    pub fn begin(
+        &self,
+        key: &str,
+        tool: &str,
+        args: &Value,
+        fields: Option<&KeyFields>,
+        policy: &ToolPolicy,
+    ) -> Result<Started, EmbedError> {
+        let key = Key::new(key)?;
+        let fingerprint = match fields {
+            Some(f) => Fingerprint::json_call(tool, &f.select(args)?),
+            None => Fingerprint::json_call(tool, args),
+        };
+        let host = host()?;
+        let engine = host.engine(&self.url)?;
+        let begun = host.block_on(engine.begin::<()>(tool_scope(), key, fingerprint, &policy.0))?;
+        Ok(match begun {
+            Begun::Execute(execution) => Started::Execute(Ticket { execution }),
+            Begun::Answered(answer) => Started::Prior(Prior::of(answer)),
+        })
+    }
+
+    /// The record of `key`, as a prior answer would describe it, or `None` when there is none
+    /// (or it expired).
+    pub fn record(&self, key: &str) -> Result<Option<Prior>, EmbedError> {
+        let key = Key::new(key)?;
+        let host = host()?;
+        let engine = host.engine(&self.url)?;
+        let scope = tool_scope();
+        let record = host.block_on(idem_core::Store::get(engine.store(), &scope, &key))?;
+        Ok(record.map(|r| Prior::from_record(PriorKind::Found, r)))
+    }
+}
+
+/// What [`Store::begin`] came to.
+#[derive(Debug)]
+pub enum Started {
+    /// The key is this call's: run the function, then [`Ticket::finish`].
+    Execute(Ticket),
+    /// Nothing to run.
+    Prior(Prior),
+}
+
+/// A claimed key whose function the host runs. Dropped without [`Ticket::finish`] (the host
+/// crashed, or its wrapper failed), its heartbeat stops and the record reads as abandoned
+/// when the lease ends.
+#[derive(Debug)]
+pub struct Ticket {
+    execution: Execution<AnyStore>,
+}
+
+/// What the function did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Report {
+    /// It returned, or raised an error the tool keeps: store this.
+    Result {
+        /// [`RETURNED`] or [`RAISED`].
+        status: u16,
+        /// The encoded value or error.
+        body: Vec<u8>,
+        /// The codec's media type, shown by `idem inspect`.
+        media_type: String,
+    },
+    /// It raised before or without its effect: release the key, a retry runs again.
+    NotRun,
+    /// It may have acted but the outcome is unknown: the record is marked abandoned.
+    Unknown,
+}
+
+/// What became of the report.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Saved {
+    /// Stored: retries replay it.
+    Stored,
+    /// The key was released: a retry runs again.
+    Released,
+    /// The record is marked abandoned (an unknown outcome).
+    MarkedUnknown,
+    /// Not stored: the store failed or the lease was lost meanwhile. The function's result
+    /// is still the caller's; a retry will meet an unknown outcome (or another executor's
+    /// result).
+    Lost(String),
+}
+
+impl Ticket {
+    /// Keeps what the function reported (blocking), and wakes duplicates waiting in this
+    /// process.
+    pub fn finish(self, report: Report) -> Result<Saved, EmbedError> {
+        let effect = match report {
+            Report::Result {
+                status,
+                body,
+                media_type,
+            } => Effect::Done(StoredResponse {
+                status,
+                headers: vec![("content-type".into(), media_type.into_bytes())],
+                body: StoredBody::Full(body),
+            }),
+            Report::NotRun => Effect::NotSent,
+            Report::Unknown => Effect::Unknown,
+        };
+        let host = host()?;
+        Ok(match host.block_on(self.execution.finish(effect, ())) {
+            Answer::Executed { kept, .. } => match kept {
+                Kept::Stored => Saved::Stored,
+                Kept::Released => Saved::Released,
+                Kept::Lost(e) => Saved::Lost(e.to_string()),
+            },
+            Answer::NotSent(()) => Saved::Released,
+            Answer::Unknown(()) => Saved::MarkedUnknown,
+            // `finish` answers only for an execution; keep the result's fate honest anyway.
+            other => Saved::Lost(format!("unexpected answer {:?}", other.outcome())),
+        })
+    }
+}
+
+/// An answer that did not run the function.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PriorKind {
+    /// A result is stored: replay it.
+    Replayed,
+    /// Another call with this key is running, and the wait ran out.
+    InFlight,
+    /// The key was used with other arguments.
+    Mismatch,
+    /// An earlier call's outcome is unknown (it crashed or lost its store mid-call); under
+    /// `reject` nothing runs until an operator resolves the key.
+    Unknown,
+    /// Read by [`Store::record`]: see `state`.
+    Found,
+}
+
+/// A record as a binding shows it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Prior {
+    /// What this answer is.
+    pub kind: PriorKind,
+    /// The record's state now: `in_flight`, `completed` or `abandoned`.
+    pub state: &'static str,
+    /// The stored status ([`RETURNED`], [`RAISED`]), once completed.
+    pub status: Option<u16>,
+    /// The stored body, when it was kept whole.
+    pub body: Option<Vec<u8>>,
+    /// The length of a body that was over the size bound and kept as a digest only.
+    pub omitted_len: Option<u64>,
+    /// The stored media type.
+    pub media_type: Option<String>,
+    /// How many times an executor took the key.
+    pub attempts: u32,
+    /// How many times the result was replayed before this answer.
+    pub replays: u32,
+    /// When the key was first claimed, milliseconds since the Unix epoch.
+    pub created_at_ms: i64,
+    /// When the result was stored.
+    pub completed_at_ms: Option<i64>,
+    /// When retention ends (`None` until completed: an unknown outcome is never forgotten).
+    pub expires_at_ms: Option<i64>,
+}
+
+impl Prior {
+    fn of(answer: Answer<()>) -> Self {
+        match answer {
+            Answer::Replayed(r) => Prior::from_record(PriorKind::Replayed, r),
+            Answer::InFlight(r) => Prior::from_record(PriorKind::InFlight, r),
+            Answer::Mismatch(r) => Prior::from_record(PriorKind::Mismatch, r),
+            Answer::Abandoned(r) => Prior::from_record(PriorKind::Unknown, r),
+            // `begin` answers these only through an execution, which it hands back instead.
+            Answer::Executed { .. } | Answer::NotSent(()) | Answer::Unknown(()) => {
+                unreachable!("Engine::begin answers an execution as Begun::Execute")
+            }
+        }
+    }
+
+    fn from_record(kind: PriorKind, r: Record) -> Self {
+        let now = idem_core::Timestamp::from_millis(now_ms());
+        let state = r.state(now).as_str();
+        let (status, body, omitted_len, media_type) = match &r.response {
+            Some(resp) => {
+                let media = resp
+                    .headers
+                    .iter()
+                    .find(|(n, _)| n.eq_ignore_ascii_case("content-type"))
+                    .map(|(_, v)| String::from_utf8_lossy(v).into_owned());
+                match &resp.body {
+                    StoredBody::Full(b) => (Some(resp.status), Some(b.clone()), None, media),
+                    StoredBody::Omitted { len, .. } => (Some(resp.status), None, Some(*len), media),
+                }
+            }
+            None => (None, None, None, None),
+        };
+        Prior {
+            kind,
+            state,
+            status,
+            body,
+            omitted_len,
+            media_type,
+            attempts: r.attempts,
+            replays: r.replays,
+            created_at_ms: r.created_at.as_millis(),
+            completed_at_ms: r.completed_at.map(|t| t.as_millis()),
+            expires_at_ms: (r.expires_at != idem_core::Timestamp::NEVER)
+                .then(|| r.expires_at.as_millis()),
+        }
+    }
+}
+
+fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+}

@@ -1,0 +1,93 @@
+//! One runtime and one engine per store URL, per process.
+//!
+//! A binding's calls arrive on the host's threads (Python threads, Node's main thread and its
+//! worker threads). They all share this process's tokio runtime, whose worker threads run the
+//! heartbeats while the host's functions run ([`idem_core::Engine::begin`] needs a
+//! multi-threaded runtime for that), and one [`Engine`] per store URL, so that duplicates in
+//! one process wake each other at once and share the store's connections.
+//!
+//! **Fork.** A child made by `fork()` (Python's `multiprocessing` on Linux, `os.fork`)
+//! inherits the parent's memory but none of its threads: the runtime's workers, SQLite's
+//! writer thread and the connection tasks are gone, and the sockets are shared with the
+//! parent. The child must not touch them. Each call checks the process id; a child builds a
+//! runtime and opens its stores anew, and the parent's copies are leaked on purpose (dropping
+//! them would wait for threads that do not exist in the child).
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+
+use idem_core::Engine;
+use idem_stores::{AnyStore, StoreUrl};
+
+use crate::EmbedError;
+
+/// The process's runtime and open stores.
+#[derive(Debug)]
+pub struct Host {
+    runtime: tokio::runtime::Runtime,
+    engines: Mutex<HashMap<String, Engine<AnyStore>>>,
+    pid: u32,
+}
+
+/// The runtime could not be started.
+#[derive(Debug, thiserror::Error)]
+#[error("idem could not start its runtime: {0}")]
+pub struct HostError(#[from] std::io::Error);
+
+static CURRENT: Mutex<Option<Arc<Host>>> = Mutex::new(None);
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    // A panic while holding these locks leaves nothing half-written (an insert or a swap).
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// This process's host, started on first use and again in a forked child.
+pub fn host() -> Result<Arc<Host>, HostError> {
+    let mut current = lock(&CURRENT);
+    let pid = std::process::id();
+    match current.take() {
+        Some(h) if h.pid == pid => {
+            *current = Some(h.clone());
+            return Ok(h);
+        }
+        // The parent's host, inherited by fork: its threads do not exist here.
+        Some(inherited) => std::mem::forget(inherited),
+        None => {}
+    }
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .thread_name("idem")
+        .enable_all()
+        .build()?;
+    let h = Arc::new(Host {
+        runtime,
+        engines: Mutex::new(HashMap::new()),
+        pid,
+    });
+    *current = Some(h.clone());
+    Ok(h)
+}
+
+impl Host {
+    /// Runs `f` to completion on the runtime, blocking this (non-runtime) thread.
+    pub fn block_on<F: Future>(&self, f: F) -> F::Output {
+        self.runtime.block_on(f)
+    }
+
+    /// The engine of a store URL, opened (and its schema created) on first use. Relative
+    /// SQLite paths are resolved against the working directory at that moment.
+    pub fn engine(&self, url: &str) -> Result<Engine<AnyStore>, EmbedError> {
+        if let Some(engine) = lock(&self.engines).get(url) {
+            return Ok(engine.clone());
+        }
+        let parsed: StoreUrl = url.parse()?;
+        // Opened outside the lock: a PostgreSQL connect must not stall other stores' calls.
+        // Two threads may race to open one URL; the first inserted wins and both use it.
+        let store = self.block_on(parsed.open())?;
+        let mut engines = lock(&self.engines);
+        Ok(engines
+            .entry(url.to_owned())
+            .or_insert_with(|| Engine::new(store))
+            .clone())
+    }
+}

@@ -1,0 +1,79 @@
+//! idem's engine for a host language: what the Python (`clients/python`) and Node.js
+//! (`clients/js`) packages bind, so that neither holds a second implementation of the state
+//! machine ([design §7](docs/design.md#7-the-runtime-side)).
+//!
+//! A binding's function runs on the host's own thread, outside any Rust future, so this crate
+//! offers the engine in two blocking halves over plain values:
+//!
+//! 1. [`Store::begin`] derives nothing and decides everything: it claims the key (waiting for
+//!    a duplicate in flight, as every front end does) and answers either a [`Ticket`] (run
+//!    the function) or a [`Prior`] answer (a replay, a conflict, a mismatch, an unknown
+//!    outcome).
+//! 2. [`Ticket::finish`] keeps what the function reported: its encoded result, "not run"
+//!    (the key is released), or "unknown" (the record is abandoned at once).
+//!
+//! The heartbeat runs on the process's runtime ([`host`]) while the function runs. Stores are
+//! opened once per URL per process and shared by every thread; a forked child gets a runtime
+//! and connections of its own.
+//!
+//! Key derivation with a subset of the arguments ([`fields`]) lives here too, so both
+//! languages select fields by the same rules.
+
+pub mod call;
+pub mod fields;
+pub mod host;
+
+pub use call::{Prior, PriorKind, Report, Saved, Started, Store, Ticket, ToolPolicy};
+pub use fields::{FieldError, KeyFields};
+pub use host::{HostError, host};
+
+/// Why a binding's call failed before anything ran.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum EmbedError {
+    /// The store URL is malformed.
+    #[error(transparent)]
+    StoreUrl(#[from] idem_stores::StoreUrlError),
+    /// The store could not be opened, read or written: nothing ran (fail closed).
+    #[error("{0}")]
+    Store(#[from] idem_core::StoreError),
+    /// The process's runtime could not be started.
+    #[error(transparent)]
+    Host(#[from] HostError),
+    /// A policy value that would let one key run twice, or never replay.
+    #[error(transparent)]
+    Policy(#[from] idem_core::PolicyError),
+    /// The key is not a valid idempotency key.
+    #[error(transparent)]
+    Key(#[from] idem_core::KeyError),
+    /// The key could not be derived.
+    #[error(transparent)]
+    Derive(#[from] idem_keys::DeriveError),
+    /// A value the host passed is not one of the accepted ones.
+    #[error("{0}")]
+    Value(String),
+    /// A key field is not in the arguments.
+    #[error(transparent)]
+    Field(#[from] FieldError),
+}
+
+/// Derives the key of an intent ([`idem_keys::derive`]), from the whole arguments or, with
+/// `fields`, from only the named ones ([`KeyFields::select`]).
+pub fn derive_key(
+    scope: &str,
+    tool: &str,
+    args: &serde_json::Value,
+    ordinal: u64,
+    secret: Option<&[u8]>,
+    fields: Option<&KeyFields>,
+) -> Result<idem_core::Key, EmbedError> {
+    let selected;
+    let args = match fields {
+        Some(f) => {
+            selected = f.select(args)?;
+            &selected
+        }
+        None => args,
+    };
+    Ok(idem_keys::derive(scope, tool, args, ordinal, secret)?)
+}
