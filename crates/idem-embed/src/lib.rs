@@ -26,6 +26,13 @@ pub mod host;
 pub use call::{Prior, PriorKind, Report, Saved, Started, Store, Ticket, ToolPolicy};
 pub use fields::{FieldError, KeyFields};
 pub use host::{HostError, host};
+pub use idem_stores::DEFAULT_STORE;
+
+/// Parses arguments given as JSON text; integers beyond 2^53 and lone surrogates are errors
+/// (docs/key-derivation.md), never roundings.
+pub fn parse_args(text: &str) -> Result<serde_json::Value, EmbedError> {
+    Ok(idem_keys::parse_args(text)?)
+}
 
 /// Why a binding's call failed before anything ran.
 #[derive(Debug, thiserror::Error)]

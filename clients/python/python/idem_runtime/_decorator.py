@@ -1,0 +1,405 @@
+"""``@idempotent``: an in-process tool that runs at most once per intent.
+
+The function that owns a side effect (an e-mail through smtplib, a row in a database, a call
+to a payment API) becomes the service of design §7: the first call with a key runs it and
+stores what it returned; every retry with that key (the framework's, the model asking again,
+a re-delegated sub-agent, another process on the same store) gets the stored result instead.
+The engine is idem's own (claim, heartbeat, complete or release under a fencing token), in
+Rust; this module only binds arguments, encodes results and maps answers to exceptions.
+
+An exception releases the key by default, so a retry runs the function again (design §4):
+the function raised, so it presumably did not act. Name the exceptions that mean otherwise:
+``keep_errors`` are stored and re-raised on every retry (a card declined is an answer), and
+``unknown_errors`` mark the outcome unknown (a timeout talking to a payment API: it may have
+charged), as does any ``BaseException`` that is not an ``Exception`` (cancellation,
+``KeyboardInterrupt``): a retry then raises ``OutcomeUnknownError`` until an operator settles
+the key, or, under ``on_abandoned="retry"``, runs again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import datetime
+import functools
+import inspect
+import json
+import logging
+import os
+import threading
+from typing import Any, Callable, Optional, Sequence, Tuple, Type, Union
+
+from . import _native
+from ._codec import JSON, Codec
+from ._keys import KEY_ARGUMENT, Binder, args_json, field_roots, parse_key_fields
+from ._scope import Scope, current_scope
+from .errors import (
+    ConfigurationError,
+    InFlightError,
+    KeyMismatchError,
+    OutcomeUnknownError,
+    ReplayedError,
+    ResultTooLargeError,
+    ResultUnreadableError,
+    ScopeMissingError,
+)
+
+log = logging.getLogger("idem_runtime")
+
+DEFAULT_RETENTION = 24 * 3600.0
+"""Seconds a result is replayed, from its completion (24 h, the draft standard's default)."""
+
+Seconds = Union[int, float, datetime.timedelta]
+ScopeArg = Union[None, str, Scope, Callable[[dict], Union[str, Scope]]]
+
+_stores: dict = {}
+_stores_lock = threading.Lock()
+
+
+def open_store(url: Optional[str] = None) -> _native.Store:
+    """The store at ``url`` (default: ``$IDEM_STORE``, else the CLI's ``sqlite:idem.db``),
+    opened once per process."""
+    url = url or os.environ.get("IDEM_STORE") or _native.DEFAULT_STORE
+    store = _stores.get(url)
+    if store is None:
+        with _stores_lock:
+            store = _stores.get(url)
+            if store is None:
+                store = _stores[url] = _native.Store(url)
+    return store
+
+
+def _seconds(what: str, value: Seconds) -> float:
+    if isinstance(value, datetime.timedelta):
+        return value.total_seconds()
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ConfigurationError(f"{what} must be seconds or a timedelta, not {value!r}")
+    return float(value)
+
+
+@dataclasses.dataclass(frozen=True)
+class Outcome:
+    """How one call was answered (``fn.call_with_outcome``): ``executed`` (this call ran the
+    function) or ``replayed`` (a stored result), with the record's key and counters."""
+
+    key: str
+    replayed: bool
+    attempts: int = 1
+    replays: int = 0
+    saved: str = "stored"
+    """For an executed call: ``stored``, ``released``, ``unknown`` or ``lost: <why>``."""
+
+
+class _Tool:
+    """What one ``@idempotent`` holds; shared by its sync and async wrappers."""
+
+    def __init__(
+        self,
+        fn: Callable[..., Any],
+        *,
+        tool: Optional[str],
+        store: Union[None, str, _native.Store],
+        scope: ScopeArg,
+        key_fields: Union[None, str, Sequence[str]],
+        ordinal: int,
+        secret: Union[None, str, bytes],
+        retention: Seconds,
+        lease: Seconds,
+        wait: Seconds,
+        on_abandoned: str,
+        keep_errors: Sequence[Type[BaseException]],
+        unknown_errors: Sequence[Type[BaseException]],
+        codec: Codec,
+        max_result_bytes: int,
+    ) -> None:
+        self.fn = fn
+        self.tool = tool or getattr(fn, "__name__", None) or "tool"
+        self.store_arg = store
+        self.scope = scope
+        self.fields = parse_key_fields(key_fields)
+        self.binder = Binder(fn, field_roots(self.fields.specs) if self.fields else None)
+        self.ordinal = ordinal
+        self.secret = secret.encode() if isinstance(secret, str) else secret
+        self.policy = _native.Policy(
+            _seconds("lease", lease),
+            _seconds("retention", retention),
+            _seconds("wait", wait),
+            on_abandoned,
+            max_result_bytes,
+        )
+        self.keep_errors = tuple(keep_errors)
+        self.unknown_errors = tuple(unknown_errors)
+        for group in (self.keep_errors, self.unknown_errors):
+            for cls in group:
+                if not (isinstance(cls, type) and issubclass(cls, BaseException)):
+                    raise ConfigurationError(f"{cls!r} is not an exception class")
+        if not isinstance(codec, Codec):
+            raise ConfigurationError(f"{codec!r} is not a codec (media_type, encode, decode)")
+        self.codec = codec
+        self._store: Optional[_native.Store] = store if isinstance(store, _native.Store) else None
+
+    # -- before the call -------------------------------------------------------------------
+
+    def store(self) -> _native.Store:
+        if self._store is None:
+            self._store = open_store(self.store_arg)  # type: ignore[arg-type]
+        return self._store
+
+    def scope_id(self, bound: dict) -> str:
+        s = self.scope
+        if callable(s) and not isinstance(s, Scope):
+            s = s(bound)
+        if s is None:
+            s = current_scope()
+        if s is None:
+            raise ScopeMissingError(
+                f"{self.tool}: no scope for its idempotency key. Wrap the work in "
+                f"`with idem_runtime.scope(run_id):` (the run, thread, task or business id, "
+                f"never a tool-call id), pass scope=..., or pass idempotency_key=..."
+            )
+        return s.id if isinstance(s, Scope) else str(s)
+
+    def prepare(self, args: tuple, kwargs: dict) -> Tuple[str, str, tuple, dict]:
+        """The key, the arguments' JSON, and what to call the function with."""
+        explicit = kwargs.get(KEY_ARGUMENT)
+        if explicit is not None and not self.binder.takes_key:
+            kwargs = {k: v for k, v in kwargs.items() if k != KEY_ARGUMENT}
+        bound = self.binder.bind(args, kwargs)
+        text = args_json(bound)
+        if explicit is not None:
+            if not isinstance(explicit, str):
+                raise ConfigurationError(f"{KEY_ARGUMENT} must be a string, not {explicit!r}")
+            key = explicit
+        else:
+            key = _native.derive_key(
+                self.scope_id(bound), self.tool, text, self.ordinal, self.secret, self.fields
+            )
+        return key, text, args, kwargs
+
+    # -- answers that did not run the function ---------------------------------------------
+
+    def answer(self, prior: Any, key: str) -> Any:
+        kind = prior.kind
+        if kind == "replayed":
+            log.info("idem: %s replayed %s (replay %d)", self.tool, key, prior.replays + 1)
+            if prior.body is None:
+                raise ResultTooLargeError(
+                    f"{self.tool} ran for idempotency key {key}, but its result was "
+                    f"{prior.omitted_len} bytes, over max_result_bytes, so only its digest was "
+                    f"kept. It was not run again.",
+                    key=key,
+                )
+            if prior.status == _native.RAISED:
+                raise self.rebuild_error(prior.body, key)
+            try:
+                return self.codec.decode(prior.body)
+            except Exception as e:
+                raise ResultUnreadableError(
+                    f"the stored result of {self.tool} (idempotency key {key}) could not be "
+                    f"decoded by {type(self.codec).__name__}: {e}. It was not run again.",
+                    key=key,
+                ) from e
+        if kind == "in_flight":
+            raise InFlightError(
+                f"{self.tool} with idempotency key {key} is still running in another call, "
+                f"which did not finish within the wait. Retry later with the same arguments; "
+                f"the retry gets that call's result.",
+                key=key,
+            )
+        if kind == "mismatch":
+            raise KeyMismatchError(
+                f"idempotency key {key} was first used for a {self.tool} call with other "
+                f"arguments. A different intent needs a different key (another scope, or an "
+                f"ordinal).",
+                key=key,
+            )
+        store = self.store().url
+        raise OutcomeUnknownError(
+            f"{self.tool} with idempotency key {key} may have run (attempt {prior.attempts}), "
+            f"but its outcome is unknown: the call stopped or lost the store midway. It was not "
+            f"run again. Check whether it happened, then settle the key: "
+            f"`idem resolve {key} --store {store} --release` if it did not (the next call "
+            f"runs), or `--status 200 --body FILE` with its JSON result if it did.",
+            key=key,
+        )
+
+    def rebuild_error(self, body: bytes, key: str) -> BaseException:
+        try:
+            data = json.loads(body)
+            type_name, message, args = data["type"], data["message"], data.get("args", [])
+        except Exception as e:
+            return ResultUnreadableError(
+                f"the stored error of {self.tool} (idempotency key {key}) is unreadable: {e}",
+                key=key,
+            )
+        # Only classes this tool declared are rebuilt: a stored name never imports code.
+        for cls in self.keep_errors:
+            if _qualname(cls) == type_name:
+                try:
+                    return cls(*args)
+                except Exception:
+                    try:
+                        return cls(message)
+                    except Exception:
+                        break
+        return ReplayedError(
+            f"{type_name}: {message} (replayed for idempotency key {key})",
+            key=key,
+            type_name=type_name,
+        )
+
+    # -- after the call --------------------------------------------------------------------
+
+    def settle_error(self, ticket: Any, e: BaseException) -> str:
+        if self.keep_errors and isinstance(e, self.keep_errors):
+            body = json.dumps(
+                {"type": _qualname(type(e)), "message": str(e), "args": _json_args(e)},
+                ensure_ascii=False,
+            ).encode()
+            return ticket.finish_result(_native.RAISED, body, "application/json")
+        if (self.unknown_errors and isinstance(e, self.unknown_errors)) or not isinstance(e, Exception):
+            return ticket.finish_unknown()
+        return ticket.finish_not_run()
+
+    def settle_result(self, ticket: Any, key: str, result: Any) -> str:
+        try:
+            body = self.codec.encode(result)
+        except BaseException:
+            # It ran: releasing would let a retry run it again. Unknown is the truth.
+            ticket.finish_unknown()
+            raise
+        saved = ticket.finish_result(_native.RETURNED, body, self.codec.media_type)
+        if saved != "stored":
+            log.warning("idem: %s ran for %s but its result was not kept (%s)", self.tool, key, saved)
+        return saved
+
+
+def _qualname(cls: type) -> str:
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
+def _json_args(e: BaseException) -> list:
+    try:
+        json.dumps(e.args)
+        return list(e.args)
+    except (TypeError, ValueError):
+        return [str(e)]
+
+
+def idempotent(
+    fn: Optional[Callable[..., Any]] = None,
+    *,
+    tool: Optional[str] = None,
+    store: Union[None, str, _native.Store] = None,
+    scope: ScopeArg = None,
+    key_fields: Union[None, str, Sequence[str]] = None,
+    ordinal: int = 0,
+    secret: Union[None, str, bytes] = None,
+    retention: Seconds = DEFAULT_RETENTION,
+    lease: Seconds = 30,
+    wait: Seconds = 30,
+    on_abandoned: str = "reject",
+    keep_errors: Sequence[Type[BaseException]] = (),
+    unknown_errors: Sequence[Type[BaseException]] = (),
+    codec: Codec = JSON,
+    max_result_bytes: int = 1 << 20,
+) -> Any:
+    """Makes ``fn`` (sync or async) run at most once per intent; see the module docstring.
+
+    - ``tool``: the name in its keys (default: the function's name).
+    - ``store``: a store URL (``sqlite:PATH``, ``memory:``, ``postgres://...``,
+      ``redis://...``); default ``$IDEM_STORE`` or ``sqlite:idem.db``, the file ``idem
+      inspect`` reads by default.
+    - ``scope``: a string, a :class:`Scope`, or a function of the bound arguments returning
+      one; default the current ``with scope(...)``. A caller may instead pass
+      ``idempotency_key=...``, used as is.
+    - ``key_fields``: derive the key (and check the arguments) from these only.
+    - ``retention``/``lease``/``wait``: seconds or timedeltas. A duplicate of a call in
+      flight waits up to ``wait`` for its result (0: raise ``InFlightError`` at once).
+    - ``on_abandoned``: ``reject`` (an unknown outcome raises ``OutcomeUnknownError``) or
+      ``retry`` (run again).
+    """
+
+    def decorate(f: Callable[..., Any]) -> Any:
+        t = _Tool(
+            f,
+            tool=tool,
+            store=store,
+            scope=scope,
+            key_fields=key_fields,
+            ordinal=ordinal,
+            secret=secret,
+            retention=retention,
+            lease=lease,
+            wait=wait,
+            on_abandoned=on_abandoned,
+            keep_errors=keep_errors,
+            unknown_errors=unknown_errors,
+            codec=codec,
+            max_result_bytes=max_result_bytes,
+        )
+        if inspect.iscoroutinefunction(f):
+            return _async_wrapper(t)
+        return _sync_wrapper(t)
+
+    return decorate(fn) if fn is not None else decorate
+
+
+def _sync_wrapper(t: _Tool) -> Callable[..., Any]:
+    def call_with_outcome(*args: Any, **kwargs: Any) -> Tuple[Any, Outcome]:
+        key, text, args, kwargs = t.prepare(args, kwargs)
+        started = t.store().begin(key, t.tool, text, t.fields, t.policy)
+        if isinstance(started, _native.Prior):
+            value = t.answer(started, key)
+            return value, Outcome(key, True, started.attempts, started.replays)
+        try:
+            result = t.fn(*args, **kwargs)
+        except BaseException as e:
+            t.settle_error(started, e)
+            raise
+        saved = t.settle_result(started, key, result)
+        return result, Outcome(key, False, saved=saved)
+
+    @functools.wraps(t.fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        return call_with_outcome(*args, **kwargs)[0]
+
+    wrapper.call_with_outcome = call_with_outcome  # type: ignore[attr-defined]
+    wrapper.idem_tool = t  # type: ignore[attr-defined]
+    return wrapper
+
+
+def _async_wrapper(t: _Tool) -> Callable[..., Any]:
+    # The engine's blocking halves run in a worker thread (the GIL released inside), so the
+    # event loop goes on while a store answers or a duplicate is waited for.
+    async def call_with_outcome(*args: Any, **kwargs: Any) -> Tuple[Any, Outcome]:
+        key, text, args, kwargs = t.prepare(args, kwargs)
+        store = t.store()
+        started = await asyncio.to_thread(store.begin, key, t.tool, text, t.fields, t.policy)
+        if isinstance(started, _native.Prior):
+            value = t.answer(started, key)
+            return value, Outcome(key, True, started.attempts, started.replays)
+        try:
+            result = await t.fn(*args, **kwargs)
+        except BaseException as e:
+            # Settled even when cancelled: shielded from the cancellation it reports.
+            await asyncio.shield(asyncio.to_thread(t.settle_error, started, e))
+            raise
+        saved = await asyncio.to_thread(t.settle_result, started, key, result)
+        return result, Outcome(key, False, saved=saved)
+
+    @functools.wraps(t.fn)
+    async def wrapper(*args: Any, **kwargs: Any) -> Any:
+        return (await call_with_outcome(*args, **kwargs))[0]
+
+    wrapper.call_with_outcome = call_with_outcome  # type: ignore[attr-defined]
+    wrapper.idem_tool = t  # type: ignore[attr-defined]
+    return wrapper
+
+
+def inspect_key(key: str, store: Optional[str] = None) -> Optional[Any]:
+    """The record of ``key`` in ``store`` (what ``idem inspect`` shows), or ``None``."""
+    return open_store(store).record(key)
+
+
+__all__ = ["idempotent", "Outcome", "open_store", "inspect_key", "DEFAULT_RETENTION"]

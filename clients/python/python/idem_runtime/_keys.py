@@ -1,0 +1,120 @@
+"""Keys at the point of intent: ``derive_key`` and the arguments a call is keyed on.
+
+The derivation itself is native (``idem/v1``, crates/idem-keys, through idem-embed): the
+same code as the Rust CLI's ``idem key`` and the Node package, reproducing
+docs/key-vectors.json. Python only turns arguments into JSON text.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import math
+from typing import Any, Callable, Iterable, Mapping, Optional, Sequence, Union
+
+from . import _native
+from ._codec import to_json
+from ._scope import Scope
+from .errors import KeyDerivationError
+
+KEY_ARGUMENT = "idempotency_key"
+
+
+def _finite(value: Any) -> None:
+    # JSON has no NaN or infinity; json.dumps would write them anyway.
+    if isinstance(value, float) and not math.isfinite(value):
+        raise KeyDerivationError(f"{value} is not a JSON number; it cannot be part of a key")
+
+
+def args_json(args: Any) -> str:
+    """Arguments as JSON text for the native side. ASCII only, so a lone surrogate reaches
+    the derivation as an escape it can name instead of failing to cross into Rust."""
+    try:
+        return json.dumps(args, default=to_json, ensure_ascii=True, allow_nan=False, separators=(",", ":"))
+    except (TypeError, ValueError) as e:
+        raise KeyDerivationError(
+            f"the arguments cannot be part of a key ({e}); make them JSON, or name the ones that "
+            f"make the intent with key_fields=[...]"
+        ) from None
+
+
+def parse_key_fields(fields: Union[None, str, Iterable[str]]) -> Optional[_native.KeyFields]:
+    if fields is None:
+        return None
+    if isinstance(fields, str):
+        fields = [fields]
+    return _native.KeyFields(list(fields))
+
+
+def derive_key(
+    scope: Union[str, Scope],
+    tool: str,
+    args: Any,
+    *,
+    ordinal: int = 0,
+    secret: Union[None, str, bytes] = None,
+    key_fields: Union[None, str, Sequence[str]] = None,
+) -> str:
+    """The idempotency key of one intent: ``<scope>-<tool>-<32 base32 characters>``.
+
+    ``ordinal`` separates two deliberate identical calls in one scope; ``secret`` makes the
+    digest an HMAC, for arguments an outsider could guess; ``key_fields`` derives the key from
+    the named arguments only (names, dotted paths such as ``order.id``, or JSON Pointers).
+    """
+    if isinstance(scope, Scope):
+        scope = scope.id
+    if isinstance(secret, str):
+        secret = secret.encode()
+    if isinstance(ordinal, bool) or not isinstance(ordinal, int) or ordinal < 0:
+        raise KeyDerivationError(f"ordinal must be an integer from 0 to 2^53, not {ordinal!r}")
+    fields = parse_key_fields(key_fields)
+    return _native.derive_key(scope, tool, args_json(args), ordinal, secret, fields)
+
+
+class Binder:
+    """Turns one call's positional and keyword arguments into the JSON object its key and
+    fingerprint are taken over: every parameter by name, defaults applied, ``self``/``cls``
+    and ``idempotency_key`` left out, ``**kwargs`` merged in. With key fields, only the
+    top-level arguments they name are serialised, so other arguments need not be JSON."""
+
+    def __init__(self, fn: Callable[..., Any], roots: Optional[Sequence[str]] = None) -> None:
+        self.signature = inspect.signature(fn)
+        params = list(self.signature.parameters.values())
+        self.skip_first = bool(params) and params[0].name in ("self", "cls")
+        self.takes_key = KEY_ARGUMENT in self.signature.parameters or any(
+            p.kind is p.VAR_KEYWORD for p in params
+        )
+        self.roots = set(roots) if roots is not None else None
+
+    def bind(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> dict:
+        try:
+            bound = self.signature.bind(*args, **kwargs)
+        except TypeError as e:
+            raise TypeError(str(e)) from None
+        bound.apply_defaults()
+        out: dict = {}
+        for i, (name, value) in enumerate(bound.arguments.items()):
+            if i == 0 and self.skip_first:
+                continue
+            param = self.signature.parameters[name]
+            if param.kind is param.VAR_KEYWORD:
+                out.update({k: v for k, v in value.items() if k != KEY_ARGUMENT})
+            elif name != KEY_ARGUMENT:
+                out[name] = list(value) if param.kind is param.VAR_POSITIONAL else value
+        if self.roots is not None:
+            out = {k: v for k, v in out.items() if k in self.roots}
+        for v in out.values():
+            _finite(v)
+        return out
+
+
+def field_roots(specs: Sequence[str]) -> list:
+    """The top-level argument each key field starts at."""
+    roots = []
+    for spec in specs:
+        if spec.startswith("/"):
+            first = spec[1:].split("/", 1)[0]
+            roots.append(first.replace("~1", "/").replace("~0", "~"))
+        else:
+            roots.append(spec.split(".", 1)[0])
+    return roots
