@@ -13,7 +13,7 @@ fn policy(wait: Option<Duration>) -> ToolPolicy {
         "reject",
         1 << 20,
     )
-    .unwrap()
+    .expect("a valid policy")
 }
 
 fn returned(body: &str) -> Report {
@@ -45,10 +45,10 @@ fn prior(store: &Store, key: &str, args: serde_json::Value) -> idem_embed::Prior
 }
 
 fn each_store(test: impl Fn(&Store)) {
-    let dir = tempfile::tempdir().unwrap();
-    test(&Store::open("memory:").unwrap());
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    test(&Store::open("memory:").expect("memory store"));
     let url = format!("sqlite:{}", dir.path().join("idem.db").display());
-    test(&Store::open(&url).unwrap());
+    test(&Store::open(&url).expect("SQLite store"));
 }
 
 #[test]
