@@ -27,7 +27,7 @@ fn returned(body: &str) -> Report {
 fn execute(store: &Store, key: &str, args: serde_json::Value) -> idem_embed::Ticket {
     match store
         .begin(key, "charge", &args, None, &policy(None))
-        .unwrap()
+        .expect("the store answers")
     {
         Started::Execute(t) => t,
         Started::Prior(p) => panic!("expected to execute, got {p:?}"),
@@ -37,7 +37,7 @@ fn execute(store: &Store, key: &str, args: serde_json::Value) -> idem_embed::Tic
 fn prior(store: &Store, key: &str, args: serde_json::Value) -> idem_embed::Prior {
     match store
         .begin(key, "charge", &args, None, &policy(None))
-        .unwrap()
+        .expect("the store answers")
     {
         Started::Prior(p) => p,
         Started::Execute(_) => panic!("expected a prior answer"),
