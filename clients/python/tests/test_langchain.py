@@ -12,7 +12,6 @@ target/debug/idem); without them the tests skip, or fail under IDEM_REQUIRE_SERV
 """
 
 import asyncio
-import json
 import os
 import pathlib
 import sqlite3
@@ -53,7 +52,7 @@ if not WHY:
     from langchain_core.tools import tool
     from langgraph.checkpoint.memory import InMemorySaver
     from langgraph.graph import START, MessagesState, StateGraph
-    from langgraph.prebuilt import ToolNode, tools_condition
+    from langgraph.prebuilt import ToolNode, ToolRuntime, tools_condition
 
     from idem_runtime.adapters.langchain import IdempotencyMiddleware
 
@@ -248,6 +247,37 @@ class LangChainTest(unittest.TestCase):
         read, charged = self.tool_messages(result)
         self.assertNotIn("idem", read.response_metadata)
         self.assertEqual(charged.response_metadata["idem"]["replayed"], False)
+
+    def test_an_invalid_call_answered_as_an_error_message_is_not_stored(self):
+        bad = {"customer": "cus_1", "amount_cents": "lots"}
+        script = [call("charge_card", bad, "c1"), call("charge_card", bad, "c2"), AIMessage("ok")]
+        result = self.agent(script, [self.idem()]).invoke(
+            {"messages": [("user", "x")]}, {"configurable": {"thread_id": "t1"}}
+        )
+        first, second = self.tool_messages(result)
+        self.assertEqual((first.status, second.status), ("error", "error"))
+        self.assertNotIn("idem", second.response_metadata)  # asked again, not replayed
+        self.assertEqual(self.rows(), [])
+        self.assertIsNone(idem_runtime.inspect_key(idempotent_key("t1", bad), self.store))
+
+    def test_a_command_result_ran_once_and_its_retry_is_refused(self):
+        from langgraph.types import Command
+
+        effects = self.effects
+
+        @tool
+        def charge_card(customer: str, amount_cents: int, runtime: ToolRuntime) -> Command:
+            """Charge, and answer with a state update."""
+            with sqlite3.connect(effects) as db:
+                db.execute("INSERT INTO charges VALUES (?, ?, '')", (customer, amount_cents))
+            message = ToolMessage("charged", tool_call_id=runtime.tool_call_id)
+            return Command(update={"messages": [message]})
+
+        self.tools = [charge_card]
+        script = [call("charge_card", self.args, "c1"), call("charge_card", self.args, "c2"), AIMessage("ok")]
+        with self.assertRaises(idem_runtime.OutcomeUnknownError):
+            self.agent(script, [self.idem()]).invoke({"messages": [("user", "x")]}, {"configurable": {"thread_id": "t1"}})
+        self.assertEqual(len(self.rows()), 1)
 
     # -- LangGraph: a graph of our own with the prebuilt ToolNode ---------------------------
 

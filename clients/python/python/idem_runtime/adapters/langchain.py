@@ -47,34 +47,34 @@ RequestScope = Union[None, str, Scope, Callable[[Any], Union[str, Scope, None]]]
 _pending: contextvars.ContextVar[Callable[[], Any]] = contextvars.ContextVar("idem_langchain_call")
 
 
-class _ErrorMessage(Exception):
+class _NotStored(Exception):
+    """The tool's answer is not a result to replay; this call still answers with it."""
+
+    def __init__(self, why: str, answer: Any) -> None:
+        super().__init__(why)
+        self.answer = answer
+
+
+class _ErrorMessage(_NotStored):
     """The tool failed and the tool node turned the error into a message: nothing is stored,
-    the key is released (design §4), and this call answers with that message."""
-
-    def __init__(self, message: ToolMessage) -> None:
-        super().__init__(str(message.content))
-        self.message = message
+    the key is released (design §4), so a retry runs the tool."""
 
 
-class _Unstorable(Exception):
+class _Unstorable(_NotStored):
     """The tool ran but answered with something other than a ``ToolMessage`` (a ``Command``),
     which cannot be replayed: its outcome is recorded as unknown, so a retry asks an operator
-    instead of acting twice."""
-
-    def __init__(self, result: Any) -> None:
-        super().__init__(f"a {type(result).__name__} result cannot be stored for replay")
-        self.result = result
+    (``OutcomeUnknownError``) instead of acting twice."""
 
 
 def _payload(result: Any) -> dict:
     if isinstance(result, ToolMessage):
         if result.status == "error":
-            raise _ErrorMessage(result)
+            raise _ErrorMessage(str(result.content), result)
         payload = {"content": result.content, "status": result.status}
         if result.artifact is not None:
             payload["artifact"] = result.artifact
         return payload
-    raise _Unstorable(result)
+    raise _Unstorable(f"a {type(result).__name__} result cannot be stored for replay", result)
 
 
 def _run_pending(**_args: Any) -> dict:
@@ -222,7 +222,14 @@ class IdempotencyMiddleware(AgentMiddleware):
         return wrapped, request, args, key
 
     @staticmethod
-    def _replay(request: Any, value: dict, key: str) -> ToolMessage:
+    def _finish(request: Any, key: str, answered: list, done: Any) -> Any:
+        """This call's answer: the tool's message marked executed, a replay, or an answer that
+        was not stored."""
+        if isinstance(done, _NotStored):
+            return done.answer
+        value, outcome = done
+        if not outcome.replayed:
+            return _marked(answered[-1], key, False)
         call = request.tool_call
         return ToolMessage(
             content=value.get("content", ""),
@@ -248,20 +255,14 @@ class IdempotencyMiddleware(AgentMiddleware):
 
         token = _pending.set(execute)
         try:
-            value, outcome = wrapped.call_with_outcome(**args, **{KEY_ARGUMENT: key})
-        except _ErrorMessage as e:
-            return e.message
-        except _Unstorable as e:
-            return e.result
+            done = wrapped.call_with_outcome(**args, **{KEY_ARGUMENT: key})
+        except _NotStored as e:
+            done = e
         finally:
             _pending.reset(token)
-        if outcome.replayed:
-            return self._replay(request, value, key)
-        return _marked(answered[-1], key, False)
+        return self._finish(request, key, answered, done)
 
-    async def awrap_tool_call(
-        self, request: Any, handler: Callable[[Any], Awaitable[Any]]
-    ) -> Any:
+    async def awrap_tool_call(self, request: Any, handler: Callable[[Any], Awaitable[Any]]) -> Any:
         prepared = self._prepare(request, True)
         if prepared is None:
             return await handler(request)
@@ -274,16 +275,12 @@ class IdempotencyMiddleware(AgentMiddleware):
 
         token = _pending.set(execute)
         try:
-            value, outcome = await wrapped.call_with_outcome(**args, **{KEY_ARGUMENT: key})
-        except _ErrorMessage as e:
-            return e.message
-        except _Unstorable as e:
-            return e.result
+            done = await wrapped.call_with_outcome(**args, **{KEY_ARGUMENT: key})
+        except _NotStored as e:
+            done = e
         finally:
             _pending.reset(token)
-        if outcome.replayed:
-            return self._replay(request, value, key)
-        return _marked(answered[-1], key, False)
+        return self._finish(request, key, answered, done)
 
 
 __all__ = ["IdempotencyMiddleware", "thread_scope"]
