@@ -12,7 +12,6 @@ target/debug/idem); without them the tests skip, or fail under IDEM_REQUIRE_SERV
 """
 
 import asyncio
-import os
 import pathlib
 import sqlite3
 import subprocess
@@ -21,28 +20,13 @@ import tempfile
 import unittest
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
-from test_mcp_proxy import idem_binary  # noqa: E402  (one place finds the CLI)
+from test_mcp_proxy import idem_binary, missing_for  # noqa: E402  (one place finds the CLI)
 
 import idem_runtime  # noqa: E402
 
-REQUIRED = os.environ.get("IDEM_REQUIRE_SERVICES") == "1"
-
-
-def missing():
-    """Why these tests cannot run here, or None."""
-    try:
-        import langchain.agents  # noqa: F401
-        import langgraph.prebuilt  # noqa: F401
-    except ImportError as e:
-        return f"langchain/langgraph are not installed ({e}); see docs/python.md for the pins"
-    if not idem_binary().is_file():
-        return f"no idem binary at {idem_binary()} (cargo build -p idem-cli, or set IDEM_BIN)"
-    return None
-
-
-WHY = missing()
-if WHY and REQUIRED:
-    raise RuntimeError(f"IDEM_REQUIRE_SERVICES=1 but {WHY}")
+WHY = missing_for(
+    ["langchain.agents", "langgraph.prebuilt"], "pip install the versions pinned in docs/python.md"
+)
 
 if not WHY:
     from langchain.agents import create_agent
