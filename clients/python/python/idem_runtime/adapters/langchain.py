@@ -225,6 +225,9 @@ class IdempotencyMiddleware(AgentMiddleware):
     def _finish(request: Any, key: str, answered: list, done: Any) -> Any:
         """This call's answer: the tool's message marked executed, a replay, or an answer that
         was not stored."""
+        if isinstance(done, _Unstorable):
+            log.warning("idem: %s ran for %s but %s; a repeat raises OutcomeUnknownError",
+                        request.tool_call.get("name"), key, done)
         if isinstance(done, _NotStored):
             return done.answer
         value, outcome = done
