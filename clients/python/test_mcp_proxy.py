@@ -8,6 +8,7 @@ Without the `mcp` package or the binary the tests skip with the reason, unless
 IDEM_REQUIRE_SERVICES=1 (CI), where they fail.
 """
 
+import importlib
 import os
 import pathlib
 import sqlite3
@@ -25,6 +26,24 @@ def idem_binary():
     if not target.is_absolute():
         target = REPO / target
     return target / "debug" / "idem"
+
+
+def missing_for(modules, hint):
+    """Why tests that need these modules and the idem binary cannot run here, or None. Under
+    IDEM_REQUIRE_SERVICES=1 (CI) a reason raises instead: a package left out must fail the run,
+    not skip quietly."""
+    why = None
+    for name in modules:
+        try:
+            importlib.import_module(name)
+        except ImportError as e:
+            why = f"{name} is not importable ({e}); {hint}"
+            break
+    if why is None and not idem_binary().is_file():
+        why = f"no idem binary at {idem_binary()} (cargo build -p idem-cli, or set IDEM_BIN)"
+    if why and REQUIRED:
+        raise RuntimeError(f"IDEM_REQUIRE_SERVICES=1 but {why}")
+    return why
 
 
 def missing():
