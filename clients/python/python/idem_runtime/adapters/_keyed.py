@@ -17,7 +17,7 @@ from typing import Any, Awaitable, Callable, Dict, Mapping, Optional, Sequence, 
 from .._decorator import Outcome, idempotent
 from .._keys import KEY_ARGUMENT, derive_key
 from .._scope import Scope, current_scope, scope as scope_context
-from ..errors import ConfigurationError
+from ..errors import ConfigurationError, IdemError, ReplayedError
 
 Fields = Union[None, str, Sequence[str]]
 
@@ -75,7 +75,14 @@ class KeyedTools:
         self.options = dict(options)
         self.key_fields = dict(key_fields or {})
         self._fns: Dict[str, Any] = {}
-        self._fn("tool")  # bad options fail here, not at the first tool call
+        try:
+            self._fn("tool")  # bad options fail here, not at the first tool call
+        except TypeError as e:
+            raise ConfigurationError(
+                f"{e}: an adapter's options are @idempotent's (store, retention, lease, wait, "
+                f"on_abandoned, keep_errors, unknown_errors, codec, secret, ordinal, "
+                f"max_result_bytes)"
+            ) from None
 
     def _fn(self, name: str) -> Any:
         fn = self._fns.get(name)
@@ -101,16 +108,33 @@ class KeyedTools:
         args: Mapping[str, Any],
         scope_id: str,
         invoke: Callable[[], Awaitable[Any]],
+        mark: Optional[Callable[[Dict[str, Any]], None]] = None,
     ) -> Tuple[Any, Outcome]:
         """Runs ``invoke`` at most once for (scope, tool, arguments): the first call's result
         (or kept error) answers every later one. The tool body runs inside
-        ``with idem_runtime.scope(scope_id)``, so ``@idempotent`` functions it calls share it."""
-        token = _invoker.set(invoke)
+        ``with idem_runtime.scope(scope_id)``, so ``@idempotent`` functions it calls share it.
+        ``mark`` gets :func:`idem_metadata` for a result, and for a kept error replayed."""
+        ran = False
+
+        async def run() -> Any:
+            nonlocal ran
+            ran = True
+            return await invoke()
+
+        token = _invoker.set(run)
         try:
             with scope_context(scope_id):
-                return await self._fn(name).call_with_outcome(**model_arguments(args))  # type: ignore[no-any-return]
+                value, outcome = await self._fn(name).call_with_outcome(**model_arguments(args))
+        except Exception as e:
+            # Not run, and not refused by idem itself: a kept error from the first call.
+            if mark is not None and not ran and (isinstance(e, ReplayedError) or not isinstance(e, IdemError)):
+                mark(idem_metadata(Outcome(self.key(scope_id, name, args), True)))
+            raise
         finally:
             _invoker.reset(token)
+        if mark is not None:
+            mark(idem_metadata(outcome))
+        return value, outcome
 
 
 def idem_metadata(outcome: Outcome) -> Dict[str, Any]:
