@@ -214,6 +214,28 @@ class OpenAiAgentsTest(unittest.IsolatedAsyncioTestCase):
             self.assertEqual(outputs[call].output, "tool error: Declined: card declined")
             self.assertTrue(outputs[call].custom_data["idem"]["replayed"])
 
+    @need(WHY)
+    async def test_a_timeout_after_the_charge_is_an_unknown_outcome_the_retry_does_not_run(self):
+        from agents import RunConfig
+
+        from idem_runtime import derive_key
+
+        pay = Payments(self)
+
+        def charged_then_timed_out(customer, amount_cents):
+            pay.charge(customer, amount_cents)
+            raise TimeoutError("the payment API did not answer")  # it may have charged
+
+        result = await self.run_agent(pay, RunConfig(trace_id=TRACE), body=charged_then_timed_out,
+                                      unknown_errors=[TimeoutError], failure_error_function=describe)
+        self.assertEqual(pay.rows(), 1)
+        outputs = tool_outputs(result)
+        for call in ("call-2", "call-3"):
+            self.assertIn("OutcomeUnknownError", outputs[call].output)
+            self.assertIn("idem resolve", outputs[call].output)
+        shown = pay.inspect(derive_key(TRACE, "charge_card", ARGS))
+        self.assertIn("abandoned", shown)
+
 
 if __name__ == "__main__":
     sys.exit(unittest.main())

@@ -146,6 +146,7 @@ def idempotent_function_tool(
     unknown_errors: Any = None,
     codec: Any = None,
     secret: Union[None, str, bytes] = None,
+    ordinal: Optional[int] = None,
     max_result_bytes: Optional[int] = None,
     **function_tool_options: Any,
 ) -> Any:
@@ -155,7 +156,7 @@ def idempotent_function_tool(
     given = dict(
         store=store, retention=retention, lease=lease, wait=wait, on_abandoned=on_abandoned,
         keep_errors=keep_errors, unknown_errors=unknown_errors, codec=codec, secret=secret,
-        max_result_bytes=max_result_bytes,
+        ordinal=ordinal, max_result_bytes=max_result_bytes,
     )
     idem_options = {k: v for k, v in given.items() if v is not None}
 
