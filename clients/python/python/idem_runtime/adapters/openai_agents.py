@@ -24,6 +24,7 @@ disabled and none of these, the tool does not run and the model is told why.
 from __future__ import annotations
 
 import copy
+import inspect
 import json
 from typing import Any, Callable, Optional, Union
 
@@ -120,7 +121,7 @@ def idempotent_tool(
         own = None
         if user_extractor is not None:
             own = user_extractor(data)
-            if hasattr(own, "__await__"):
+            if inspect.isawaitable(own):
                 own = await own
         mark = getattr(data.tool_context, _OUTCOME, None)
         if mark is None:
