@@ -150,7 +150,7 @@ class OpenAiAgentsTest(unittest.IsolatedAsyncioTestCase):
         self.assertEqual(pay.rows(), 2)
 
     @need(WHY)
-    async def test_an_enclosing_scope_wins_and_sub_scopes_are_stable(self):
+    async def test_an_enclosing_scope_wins_over_the_trace(self):
         from idem_runtime import derive_key, scope
 
         pay = Payments(self)
