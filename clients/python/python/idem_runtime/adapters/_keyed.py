@@ -1,0 +1,143 @@
+"""What the OpenAI Agents and Pydantic AI adapters share: a framework's tool call run through
+``@idempotent``.
+
+The adapters see a tool call as a name, the model's arguments and a way to run it (the
+framework's own invoker). Each tool name gets one ``@idempotent`` function taking
+``**arguments``, so the key and the fingerprint are taken over exactly the model's arguments
+(as ``idem key`` and ``idem mcp`` take them), and the engine (claim, completion, replay, the
+errors) is the decorator's, unchanged. The function runs whatever invoker the current call
+set in a context variable: it is built once per tool, while each call brings its own.
+"""
+
+from __future__ import annotations
+
+import contextvars
+from typing import Any, Awaitable, Callable, Dict, Mapping, Optional, Sequence, Tuple, Union
+
+from .._decorator import Outcome, idempotent
+from .._keys import KEY_ARGUMENT, derive_key
+from .._scope import Scope, current_scope, scope as scope_context
+from ..errors import ConfigurationError, IdemError, ReplayedError
+
+Fields = Union[None, str, Sequence[str]]
+
+_invoker: contextvars.ContextVar[Callable[[], Awaitable[Any]]] = contextvars.ContextVar(
+    "idem_adapter_invoker"
+)
+
+
+async def _run_invoker(**_arguments: Any) -> Any:
+    return await _invoker.get()()
+
+
+def model_arguments(args: Mapping[str, Any]) -> Dict[str, Any]:
+    """The arguments a key is derived from: the model's, less any ``idempotency_key`` it
+    wrote (a model invents a new one on each retry; the runtime's key must not follow it)."""
+    return {k: v for k, v in args.items() if k != KEY_ARGUMENT}
+
+
+def scope_text(value: Union[None, str, Scope]) -> Optional[str]:
+    """A scope value as the string keys are derived from; ``None`` or ``""`` is no scope."""
+    if value is None:
+        return None
+    text = value.id if isinstance(value, Scope) else str(value)
+    return text or None
+
+
+def first_scope(*candidates: Callable[[], Union[None, str, Scope]]) -> Optional[str]:
+    """The first candidate that gives a scope, each asked only if those before gave none."""
+    for candidate in candidates:
+        found = scope_text(candidate())
+        if found is not None:
+            return found
+    return None
+
+
+def explicit_or_current(explicit: Any, ctx: Any) -> Optional[str]:
+    """The scope a caller chose: ``scope=`` (a value, or a function of the framework's
+    context), else the current ``with idem_runtime.scope(...)``."""
+    if callable(explicit) and not isinstance(explicit, Scope):
+        return first_scope(lambda: explicit(ctx), current_scope)
+    return first_scope(lambda: explicit, current_scope)
+
+
+class KeyedTools:
+    """One ``@idempotent`` per tool name, over the call's arguments; ``options`` are the
+    decorator's (``store``, ``retention``, ``keep_errors``, ...), ``key_fields`` per tool."""
+
+    def __init__(self, options: Mapping[str, Any], key_fields: Optional[Mapping[str, Fields]] = None) -> None:
+        taken = {"scope", "tool", "key_fields"} & set(options)
+        if taken:
+            raise ConfigurationError(
+                f"{sorted(taken)} are set by the adapter (scope= and key_fields= on the adapter "
+                f"itself; the tool name is the tool's)"
+            )
+        self.options = dict(options)
+        self.key_fields = dict(key_fields or {})
+        self._fns: Dict[str, Any] = {}
+        try:
+            self._fn("tool")  # bad options fail here, not at the first tool call
+        except TypeError as e:
+            raise ConfigurationError(
+                f"{e}: an adapter's options are @idempotent's (store, retention, lease, wait, "
+                f"on_abandoned, keep_errors, unknown_errors, codec, secret, ordinal, "
+                f"max_result_bytes)"
+            ) from None
+
+    def _fn(self, name: str) -> Any:
+        fn = self._fns.get(name)
+        if fn is None:
+            fn = idempotent(_run_invoker, tool=name, key_fields=self.key_fields.get(name), **self.options)
+            self._fns[name] = fn
+        return fn
+
+    def key(self, scope_id: str, name: str, args: Mapping[str, Any]) -> str:
+        """The key ``call`` uses, for a tool that wants it as an argument (to pass on)."""
+        return derive_key(
+            scope_id,
+            name,
+            model_arguments(args),
+            ordinal=self.options.get("ordinal", 0),
+            secret=self.options.get("secret"),
+            key_fields=self.key_fields.get(name),
+        )
+
+    async def call(
+        self,
+        name: str,
+        args: Mapping[str, Any],
+        scope_id: str,
+        invoke: Callable[[], Awaitable[Any]],
+        mark: Optional[Callable[[Dict[str, Any]], None]] = None,
+    ) -> Tuple[Any, Outcome]:
+        """Runs ``invoke`` at most once for (scope, tool, arguments): the first call's result
+        (or kept error) answers every later one. The tool body runs inside
+        ``with idem_runtime.scope(scope_id)``, so ``@idempotent`` functions it calls share it.
+        ``mark`` gets :func:`idem_metadata` for a result, and for a kept error replayed."""
+        ran = False
+
+        async def run() -> Any:
+            nonlocal ran
+            ran = True
+            return await invoke()
+
+        token = _invoker.set(run)
+        try:
+            with scope_context(scope_id):
+                value, outcome = await self._fn(name).call_with_outcome(**model_arguments(args))
+        except Exception as e:
+            # Not run, and not refused by idem itself: a kept error from the first call.
+            if mark is not None and not ran and (isinstance(e, ReplayedError) or not isinstance(e, IdemError)):
+                mark(idem_metadata(Outcome(self.key(scope_id, name, args), True)))
+            raise
+        finally:
+            _invoker.reset(token)
+        if mark is not None:
+            mark(idem_metadata(outcome))
+        return value, outcome
+
+
+def idem_metadata(outcome: Outcome) -> Dict[str, Any]:
+    """What an adapter attaches to a tool's answer where the framework keeps data the model
+    does not see: the key (for ``idem inspect``) and whether this answer is a replay."""
+    return {"idem": {"key": outcome.key, "replayed": outcome.replayed}}
