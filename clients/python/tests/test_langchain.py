@@ -82,13 +82,14 @@ class LangChainTest(unittest.TestCase):
         self.effects = d / "effects.db"
         with sqlite3.connect(self.effects) as db:
             db.execute("CREATE TABLE charges (customer TEXT, amount_cents INTEGER, key TEXT)")
-        self.keys_seen = []
-        effects, keys_seen = self.effects, self.keys_seen
+        self.keys_seen, self.scopes_seen = [], []
+        effects, keys_seen, scopes_seen = self.effects, self.keys_seen, self.scopes_seen
 
         @tool
         def charge_card(customer: str, amount_cents: int, idempotency_key: str = "") -> str:
             """Charge a customer's card."""
             keys_seen.append(idempotency_key)
+            scopes_seen.append(idem_runtime.current_scope())
             with sqlite3.connect(effects) as db:
                 db.execute("INSERT INTO charges VALUES (?, ?, ?)", (customer, amount_cents, idempotency_key))
             return f"charged {customer} {amount_cents}"
@@ -181,6 +182,8 @@ class LangChainTest(unittest.TestCase):
         self.assertEqual(len(self.rows()), 2)
         self.assertNotEqual(self.key("t1"), self.key("t2"))
         self.assertEqual(self.keys_seen, [self.key("t1"), self.key("t2")])
+        # The tool runs in its scope, so @idempotent functions it calls share it.
+        self.assertEqual([s.id for s in self.scopes_seen], ["t1", "t2"])
         self.assertTrue(meta["replayed"])
 
     def test_no_thread_falls_back_to_the_scope_context_else_refuses(self):

@@ -1,5 +1,5 @@
-"""What the OpenAI Agents and Pydantic AI adapters share: a framework's tool call run through
-``@idempotent``.
+"""What the adapters (LangChain, OpenAI Agents, Pydantic AI) share: a framework's tool call
+run through ``@idempotent``.
 
 The adapters see a tool call as a name, the model's arguments and a way to run it (the
 framework's own invoker). Each tool name gets one ``@idempotent`` function taking
@@ -11,8 +11,9 @@ set in a context variable: it is built once per tool, while each call brings its
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
-from typing import Any, Awaitable, Callable, Dict, Mapping, Optional, Sequence, Tuple, Union
+from typing import Any, Awaitable, Callable, Dict, Iterator, Mapping, Optional, Sequence, Tuple, Union
 
 from .._decorator import Outcome, idempotent
 from .._keys import KEY_ARGUMENT, derive_key
@@ -20,14 +21,29 @@ from .._scope import Scope, current_scope, scope as scope_context
 from ..errors import ConfigurationError, IdemError, ReplayedError
 
 Fields = Union[None, str, Sequence[str]]
+Mark = Optional[Callable[[Dict[str, Any]], None]]
 
-_invoker: contextvars.ContextVar[Callable[[], Awaitable[Any]]] = contextvars.ContextVar(
-    "idem_adapter_invoker"
-)
+_invoker: contextvars.ContextVar["_Invoker"] = contextvars.ContextVar("idem_adapter_invoker")
 
 
 async def _run_invoker(**_arguments: Any) -> Any:
     return await _invoker.get()()
+
+
+def _run_invoker_sync(**_arguments: Any) -> Any:
+    return _invoker.get()()
+
+
+class _Invoker:
+    """One call's invoker (sync, or returning an awaitable), noting whether the engine ran it."""
+
+    def __init__(self, invoke: Callable[[], Any]) -> None:
+        self.invoke = invoke
+        self.ran = False
+
+    def __call__(self) -> Any:
+        self.ran = True
+        return self.invoke()
 
 
 def model_arguments(args: Mapping[str, Any]) -> Dict[str, Any]:
@@ -53,12 +69,14 @@ def first_scope(*candidates: Callable[[], Union[None, str, Scope]]) -> Optional[
     return None
 
 
+def explicit_scope(explicit: Any, ctx: Any) -> Union[None, str, Scope]:
+    """``scope=`` as given: a value, or a function of the framework's context, applied."""
+    return explicit(ctx) if callable(explicit) and not isinstance(explicit, Scope) else explicit
+
+
 def explicit_or_current(explicit: Any, ctx: Any) -> Optional[str]:
-    """The scope a caller chose: ``scope=`` (a value, or a function of the framework's
-    context), else the current ``with idem_runtime.scope(...)``."""
-    if callable(explicit) and not isinstance(explicit, Scope):
-        return first_scope(lambda: explicit(ctx), current_scope)
-    return first_scope(lambda: explicit, current_scope)
+    """The scope a caller chose: ``scope=``, else the current ``with idem_runtime.scope(...)``."""
+    return first_scope(lambda: explicit_scope(explicit, ctx), current_scope)
 
 
 class KeyedTools:
@@ -74,9 +92,9 @@ class KeyedTools:
             )
         self.options = dict(options)
         self.key_fields = dict(key_fields or {})
-        self._fns: Dict[str, Any] = {}
+        self._fns: Dict[Tuple[str, bool], Any] = {}
         try:
-            self._fn("tool")  # bad options fail here, not at the first tool call
+            self._fn("tool", True)  # bad options fail here, not at the first tool call
         except TypeError as e:
             raise ConfigurationError(
                 f"{e}: an adapter's options are @idempotent's (store, retention, lease, wait, "
@@ -84,11 +102,12 @@ class KeyedTools:
                 f"max_result_bytes)"
             ) from None
 
-    def _fn(self, name: str) -> Any:
-        fn = self._fns.get(name)
+    def _fn(self, name: str, is_async: bool) -> Any:
+        fn = self._fns.get((name, is_async))
         if fn is None:
-            fn = idempotent(_run_invoker, tool=name, key_fields=self.key_fields.get(name), **self.options)
-            self._fns[name] = fn
+            run = _run_invoker if is_async else _run_invoker_sync
+            fn = idempotent(run, tool=name, key_fields=self.key_fields.get(name), **self.options)
+            self._fns[(name, is_async)] = fn
         return fn
 
     def key(self, scope_id: str, name: str, args: Mapping[str, Any]) -> str:
@@ -103,38 +122,51 @@ class KeyedTools:
         )
 
     async def call(
-        self,
-        name: str,
-        args: Mapping[str, Any],
-        scope_id: str,
-        invoke: Callable[[], Awaitable[Any]],
-        mark: Optional[Callable[[Dict[str, Any]], None]] = None,
+        self, name: str, args: Mapping[str, Any], scope_id: str,
+        invoke: Callable[[], Awaitable[Any]], mark: Mark = None,
     ) -> Tuple[Any, Outcome]:
         """Runs ``invoke`` at most once for (scope, tool, arguments): the first call's result
         (or kept error) answers every later one. The tool body runs inside
         ``with idem_runtime.scope(scope_id)``, so ``@idempotent`` functions it calls share it.
         ``mark`` gets :func:`idem_metadata` for a result, and for a kept error replayed."""
-        ran = False
+        with self._calling(name, True, args, scope_id, invoke, mark) as run:
+            done = await run()
+        return _marking(done, mark)
 
-        async def run() -> Any:
-            nonlocal ran
-            ran = True
-            return await invoke()
+    def call_sync(
+        self, name: str, args: Mapping[str, Any], scope_id: str, invoke: Callable[[], Any], mark: Mark = None
+    ) -> Tuple[Any, Outcome]:
+        """:meth:`call` for a framework that calls its tools synchronously."""
+        with self._calling(name, False, args, scope_id, invoke, mark) as run:
+            done = run()
+        return _marking(done, mark)
 
-        token = _invoker.set(run)
+    @contextlib.contextmanager
+    def _calling(
+        self, name: str, is_async: bool, args: Mapping[str, Any], scope_id: str,
+        invoke: Callable[[], Any], mark: Mark,
+    ) -> Iterator[Callable[[], Any]]:
+        """What both calls share: ``invoke`` set for the tool's ``@idempotent`` function to
+        run, inside the scope; yields the call of that function."""
+        fn = self._fn(name, is_async)
+        invoker = _Invoker(invoke)
+        token = _invoker.set(invoker)
         try:
             with scope_context(scope_id):
-                value, outcome = await self._fn(name).call_with_outcome(**model_arguments(args))
+                yield lambda: fn.call_with_outcome(**model_arguments(args))
         except Exception as e:
             # Not run, and not refused by idem itself: a kept error from the first call.
-            if mark is not None and not ran and (isinstance(e, ReplayedError) or not isinstance(e, IdemError)):
+            if mark is not None and not invoker.ran and (isinstance(e, ReplayedError) or not isinstance(e, IdemError)):
                 mark(idem_metadata(Outcome(self.key(scope_id, name, args), True)))
             raise
         finally:
             _invoker.reset(token)
-        if mark is not None:
-            mark(idem_metadata(outcome))
-        return value, outcome
+
+
+def _marking(done: Tuple[Any, Outcome], mark: Mark) -> Tuple[Any, Outcome]:
+    if mark is not None:
+        mark(idem_metadata(done[1]))
+    return done
 
 
 def idem_metadata(outcome: Outcome) -> Dict[str, Any]:

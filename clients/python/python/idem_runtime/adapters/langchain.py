@@ -9,11 +9,12 @@ hook and ``ToolNode``'s interceptor have the same shape, ``(request, handler) ->
     # or, in a graph of your own:
     ToolNode(tools, wrap_tool_call=idem.wrap_tool_call, awrap_tool_call=idem.awrap_tool_call)
 
-Each named tool gets one ``@idempotent`` wrapper (the same engine, claim and completion as
-the decorator: nothing here decides what runs). Its key is derived from the scope, the tool's
-name and the tool call's arguments, so a call repeated by a retry middleware, by the model
-asking again after a lost result, or by the graph resuming from its checkpoint in another
-process gets the stored ``ToolMessage`` back instead of acting twice.
+Each named tool gets one ``@idempotent`` function (``_keyed.KeyedTools``, as in the other
+adapters: the decorator's engine, claim and completion; nothing here decides what runs). Its
+key is derived from the scope, the tool's name and the tool call's arguments, so a call
+repeated by a retry middleware, by the model asking again after a lost result, or by the
+graph resuming from its checkpoint in another process gets the stored ``ToolMessage`` back
+instead of acting twice. The tool runs inside ``with idem_runtime.scope(<its scope>)``.
 
 The scope is the LangGraph **thread id**: the one id that survives all three of those (a
 tool-call id is new each time the model asks, and a run id is new on every ``invoke``, so a
@@ -25,26 +26,20 @@ function of the request (a per-turn id, an order id) or key on fields that diffe
 
 from __future__ import annotations
 
-import contextvars
 import logging
 from typing import Any, Awaitable, Callable, Dict, Iterable, Mapping, Optional, Sequence, Tuple, Union
 
 from langchain.agents.middleware import AgentMiddleware
 from langchain_core.messages import ToolMessage
 
-from .._decorator import idempotent
 from .._keys import KEY_ARGUMENT
-from .._scope import Scope, current_scope, scope as scope_context
+from .._scope import Scope, current_scope
 from ..errors import ConfigurationError, ScopeMissingError
+from ._keyed import KeyedTools, explicit_scope, first_scope, idem_metadata, model_arguments
 
 log = logging.getLogger("idem_runtime")
 
 RequestScope = Union[None, str, Scope, Callable[[Any], Union[str, Scope, None]]]
-
-# The handler of the tool call being run, read by the per-tool ``@idempotent`` function: the
-# function is built once per tool, so the engine sees one tool, while each call runs its own
-# handler.
-_pending: contextvars.ContextVar[Callable[[], Any]] = contextvars.ContextVar("idem_langchain_call")
 
 
 class _NotStored(Exception):
@@ -75,19 +70,6 @@ def _payload(result: Any) -> dict:
             payload["artifact"] = result.artifact
         return payload
     raise _Unstorable(f"a {type(result).__name__} result cannot be stored for replay", result)
-
-
-def _run_pending(**_args: Any) -> dict:
-    return _payload(_pending.get()())
-
-
-async def _arun_pending(**_args: Any) -> dict:
-    return _payload(await _pending.get()())
-
-
-def _marked(message: ToolMessage, key: str, replayed: bool) -> ToolMessage:
-    meta = {**(message.response_metadata or {}), "idem": {"replayed": replayed, "key": key}}
-    return message.model_copy(update={"response_metadata": meta})
 
 
 def _config_get(config: Any, *path: str) -> Any:
@@ -157,36 +139,20 @@ class IdempotencyMiddleware(AgentMiddleware):
         stray = set(key_fields) - self.tool_names
         if stray:
             raise ConfigurationError(f"key_fields names tools not in tools=: {sorted(stray)}")
-        if "scope" in options or "tool" in options:
-            raise ConfigurationError("pass scope= to the middleware; the tool name is the tool's")
         unknown = tuple(options.pop("unknown_errors", ())) + (_Unstorable,)
         self.scope = scope
         self.tools = []  # adds no tools to the agent
-        self._wrapped: Dict[Tuple[str, bool], Any] = {}
-        for name in self.tool_names:
-            for is_async, fn in ((False, _run_pending), (True, _arun_pending)):
-                self._wrapped[(name, is_async)] = idempotent(
-                    fn,
-                    tool=name,
-                    store=store,
-                    key_fields=key_fields.get(name),
-                    unknown_errors=unknown,
-                    **options,
-                )
+        self.keyed = KeyedTools({**options, "store": store, "unknown_errors": unknown}, key_fields)
         self._takes_key: Dict[str, bool] = {}
 
     # -- what both hooks share -------------------------------------------------------------
 
     def scope_for(self, request: Any) -> str:
         """The scope of ``request``'s key; raises ``ScopeMissingError`` if there is none."""
-        s = self.scope
-        if callable(s) and not isinstance(s, Scope):
-            s = s(request)
-        if s is None:
-            s = thread_scope(request)
-        if s is None:
-            s = current_scope()
-        if s is None:
+        found = first_scope(
+            lambda: explicit_scope(self.scope, request), lambda: thread_scope(request), current_scope
+        )
+        if found is None:
             name = request.tool_call.get("name")
             raise ScopeMissingError(
                 f"{name}: no scope for its idempotency key. Run the agent with a checkpointer "
@@ -194,7 +160,7 @@ class IdempotencyMiddleware(AgentMiddleware):
                 f"IdempotencyMiddleware, or wrap the run in `with idem_runtime.scope(run_id):` "
                 f"(never a tool-call id: it changes when the model asks again)"
             )
-        return s.id if isinstance(s, Scope) else str(s)
+        return found
 
     def _takes_key_arg(self, tool: Any) -> bool:
         name = tool.name
@@ -206,20 +172,19 @@ class IdempotencyMiddleware(AgentMiddleware):
             self._takes_key[name] = KEY_ARGUMENT in fields
         return self._takes_key[name]
 
-    def _prepare(self, request: Any, is_async: bool) -> Optional[Tuple[Any, Any, dict, str]]:
-        """The wrapped tool, the request to execute, the arguments and the key; ``None`` for a
-        tool this middleware leaves alone."""
+    def _prepare(self, request: Any) -> Optional[Tuple[Any, str, Tuple[str, dict, str]]]:
+        """The request to execute, the key, and the tool call as ``KeyedTools`` takes it
+        (name, arguments, scope); ``None`` for a tool this middleware leaves alone."""
         call = request.tool_call
         name = call.get("name")
         if name not in self.tool_names or getattr(request, "tool", None) is None:
             return None
-        wrapped = self._wrapped[(name, is_async)]
-        args = {k: v for k, v in (call.get("args") or {}).items() if k != KEY_ARGUMENT}
-        with scope_context(self.scope_for(request)):
-            key = wrapped.idem_tool.prepare((), dict(args))[0]
+        args = model_arguments(call.get("args") or {})
+        scope_id = self.scope_for(request)
+        key = self.keyed.key(scope_id, name, args)
         if self._takes_key_arg(request.tool):
             request = request.override(tool_call={**call, "args": {**args, KEY_ARGUMENT: key}})
-        return wrapped, request, args, key
+        return request, key, (name, args, scope_id)
 
     @staticmethod
     def _finish(request: Any, key: str, answered: list, done: Any) -> Any:
@@ -232,7 +197,8 @@ class IdempotencyMiddleware(AgentMiddleware):
             return done.answer
         value, outcome = done
         if not outcome.replayed:
-            return _marked(answered[-1], key, False)
+            meta = {**(answered[-1].response_metadata or {}), **idem_metadata(outcome)}
+            return answered[-1].model_copy(update={"response_metadata": meta})
         call = request.tool_call
         return ToolMessage(
             content=value.get("content", ""),
@@ -240,49 +206,43 @@ class IdempotencyMiddleware(AgentMiddleware):
             artifact=value.get("artifact"),
             name=call.get("name"),
             tool_call_id=call.get("id"),
-            response_metadata={"idem": {"replayed": True, "key": key}},
+            response_metadata=idem_metadata(outcome),
         )
 
     # -- the hooks ---------------------------------------------------------------------------
 
     def wrap_tool_call(self, request: Any, handler: Callable[[Any], Any]) -> Any:
-        prepared = self._prepare(request, False)
+        prepared = self._prepare(request)
         if prepared is None:
             return handler(request)
-        wrapped, request, args, key = prepared
+        request, key, call = prepared
         answered: list = []
 
-        def execute() -> Any:
+        def execute() -> dict:
             answered.append(handler(request))
-            return answered[-1]
+            return _payload(answered[-1])
 
-        token = _pending.set(execute)
         try:
-            done = wrapped.call_with_outcome(**args, **{KEY_ARGUMENT: key})
+            done = self.keyed.call_sync(*call, execute)
         except _NotStored as e:
             done = e
-        finally:
-            _pending.reset(token)
         return self._finish(request, key, answered, done)
 
     async def awrap_tool_call(self, request: Any, handler: Callable[[Any], Awaitable[Any]]) -> Any:
-        prepared = self._prepare(request, True)
+        prepared = self._prepare(request)
         if prepared is None:
             return await handler(request)
-        wrapped, request, args, key = prepared
+        request, key, call = prepared
         answered: list = []
 
-        async def execute() -> Any:
+        async def execute() -> dict:
             answered.append(await handler(request))
-            return answered[-1]
+            return _payload(answered[-1])
 
-        token = _pending.set(execute)
         try:
-            done = await wrapped.call_with_outcome(**args, **{KEY_ARGUMENT: key})
+            done = await self.keyed.call(*call, execute)
         except _NotStored as e:
             done = e
-        finally:
-            _pending.reset(token)
         return self._finish(request, key, answered, done)
 
 
