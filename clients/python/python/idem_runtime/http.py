@@ -27,6 +27,8 @@ The transport does not follow redirects (each hop is the client's), and httpx do
 default; keep ``follow_redirects=False``: a failure on a redirect target must not look like
 "not sent" for a request that executed. Answers are read whole inside the transport, so a
 body cut off midway counts as no answer (a keyed retry replays it), not as a short success.
+(A transport that hands back an answer already read, such as httpx's ``MockTransport``, is
+taken as it is.)
 """
 
 from __future__ import annotations
@@ -331,7 +333,7 @@ class IdempotentTransport(_Base, httpx.BaseTransport):
             try:
                 response = self._inner.handle_request(call.request)
                 try:
-                    body = b"".join(response.iter_raw())
+                    body = response.content if response.is_stream_consumed else b"".join(response.iter_raw())
                 finally:
                     response.close()
             except Exception as e:  # noqa: BLE001 - classified, and re-raised unless retried
@@ -382,7 +384,10 @@ class AsyncIdempotentTransport(_Base, httpx.AsyncBaseTransport):
             try:
                 response = await self._inner.handle_async_request(call.request)
                 try:
-                    body = b"".join([chunk async for chunk in response.aiter_raw()])
+                    if response.is_stream_consumed:
+                        body = response.content
+                    else:
+                        body = b"".join([chunk async for chunk in response.aiter_raw()])
                 finally:
                     await response.aclose()
             except Exception as e:  # noqa: BLE001 - classified, and re-raised unless retried
