@@ -159,6 +159,7 @@ class Gateway:
     def close(self) -> None:
         self.proc.kill()
         self.proc.wait()
+        self.proc.stdout.close()
 
 
 def start(test) -> None:

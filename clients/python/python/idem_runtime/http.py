@@ -153,6 +153,12 @@ class _Step:
     error: Optional[BaseException] = None
     delay: Optional[float] = None
 
+    def final(self) -> httpx.Response:
+        if self.error is not None:
+            raise self.error
+        assert self.response is not None
+        return self.response
+
 
 @dataclass
 class _Call:
@@ -292,38 +298,45 @@ def _retryable_status(status: int, repeatable: bool) -> bool:
 
 
 class _Base:
-    def __init__(
-        self,
-        scope: Union[None, str, Scope],
-        secret: Union[None, str, bytes],
-        retry: RetryPolicy,
-        on_attempt: Optional[Callable[[Attempt], Any]],
-        key_in_body: bool,
-    ) -> None:
-        if not isinstance(retry, RetryPolicy):
-            raise ConfigurationError(f"retry must be an idem_runtime.http.RetryPolicy, not {retry!r}")
-        self._config = _Config(scope, secret, retry, on_attempt, key_in_body)
-
-
-class IdempotentTransport(_Base, httpx.BaseTransport):
-    """Wraps a sync httpx transport (default ``httpx.HTTPTransport()``); see the module's
-    documentation for what is keyed and retried. ``sleep`` replaces ``time.sleep`` (tests
-    record instead of waiting); ``on_attempt`` sees every :class:`Attempt`."""
+    """The options both transports take; ``inner`` and ``sleep`` default to the subclass's
+    ``_default_inner()`` and ``_default_sleep``."""
 
     def __init__(
         self,
-        inner: Optional[httpx.BaseTransport] = None,
+        inner: Any = None,
         *,
         scope: Union[None, str, Scope] = None,
         secret: Union[None, str, bytes] = None,
         retry: RetryPolicy = DEFAULT_RETRY,
         on_attempt: Optional[Callable[[Attempt], Any]] = None,
         key_in_body: bool = True,
-        sleep: Callable[[float], Any] = time.sleep,
+        sleep: Optional[Callable[[float], Any]] = None,
     ) -> None:
-        super().__init__(scope, secret, retry, on_attempt, key_in_body)
-        self._inner = inner if inner is not None else httpx.HTTPTransport()
-        self._sleep = sleep
+        if not isinstance(retry, RetryPolicy):
+            raise ConfigurationError(f"retry must be an idem_runtime.http.RetryPolicy, not {retry!r}")
+        self._config = _Config(scope, secret, retry, on_attempt, key_in_body)
+        self._inner = inner if inner is not None else self._default_inner()
+        self._sleep = sleep if sleep is not None else type(self)._default_sleep
+
+    @staticmethod
+    def _default_inner() -> Any:
+        raise NotImplementedError
+
+    @staticmethod
+    def _default_sleep(delay: float) -> Any:
+        raise NotImplementedError
+
+
+class IdempotentTransport(_Base, httpx.BaseTransport):
+    """Wraps a sync httpx transport (``inner``, default ``httpx.HTTPTransport()``; pass your
+    own for TLS or proxy settings); see the module's documentation for what is keyed and
+    retried. ``scope`` and ``secret`` are the keys' defaults; ``retry`` the
+    :class:`RetryPolicy`; ``on_attempt`` sees every :class:`Attempt`; ``key_in_body=False``
+    sends the key as the header only; ``sleep`` replaces ``time.sleep`` (tests record
+    instead of waiting)."""
+
+    _default_inner = staticmethod(httpx.HTTPTransport)
+    _default_sleep = staticmethod(time.sleep)
 
     def handle_request(self, request: httpx.Request) -> httpx.Response:
         request.read()
@@ -341,10 +354,7 @@ class IdempotentTransport(_Base, httpx.BaseTransport):
             else:
                 step = call.answered(response, body)
             if step.delay is None:
-                if step.error is not None:
-                    raise step.error
-                assert step.response is not None
-                return step.response
+                return step.final()
             self._sleep(step.delay)
 
     def close(self) -> None:
@@ -359,22 +369,11 @@ async def _anyio_sleep(delay: float) -> None:
 
 class AsyncIdempotentTransport(_Base, httpx.AsyncBaseTransport):
     """Wraps an async httpx transport (default ``httpx.AsyncHTTPTransport()``); the same
-    policy as :class:`IdempotentTransport`. ``sleep`` is an async function of seconds."""
+    options and policy as :class:`IdempotentTransport`, but ``sleep`` is an async function
+    of seconds (default ``anyio.sleep``)."""
 
-    def __init__(
-        self,
-        inner: Optional[httpx.AsyncBaseTransport] = None,
-        *,
-        scope: Union[None, str, Scope] = None,
-        secret: Union[None, str, bytes] = None,
-        retry: RetryPolicy = DEFAULT_RETRY,
-        on_attempt: Optional[Callable[[Attempt], Any]] = None,
-        key_in_body: bool = True,
-        sleep: Callable[[float], Awaitable[Any]] = _anyio_sleep,
-    ) -> None:
-        super().__init__(scope, secret, retry, on_attempt, key_in_body)
-        self._inner = inner if inner is not None else httpx.AsyncHTTPTransport()
-        self._sleep = sleep
+    _default_inner = staticmethod(httpx.AsyncHTTPTransport)
+    _default_sleep = staticmethod(_anyio_sleep)
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
         await request.aread()
@@ -395,10 +394,7 @@ class AsyncIdempotentTransport(_Base, httpx.AsyncBaseTransport):
             else:
                 step = call.answered(response, body)
             if step.delay is None:
-                if step.error is not None:
-                    raise step.error
-                assert step.response is not None
-                return step.response
+                return step.final()
             await self._sleep(step.delay)
 
     async def aclose(self) -> None:
