@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import socket
-import struct
 import subprocess
 import tempfile
 import threading
@@ -19,6 +18,7 @@ import unittest
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from cli_support import cli_missing, idem, idem_binary, need
+from net_support import FlakyProxy
 
 try:
     import httpx
@@ -73,71 +73,6 @@ class Upstream:
     def close(self) -> None:
         self.server.shutdown()
         self.server.server_close()
-
-
-class FlakyProxy:
-    """TCP in front of ``port``. While ``drops`` > 0, the next answer the gateway starts
-    sending back is not relayed: the client's connection is reset instead. The request
-    reached the gateway, the effect happened, the caller never hears of it."""
-
-    def __init__(self, port: int) -> None:
-        self.target = port
-        self.drops = 0
-        self.dropped = 0
-        self.lock = threading.Lock()
-        self.listener = socket.create_server(("127.0.0.1", 0))
-        self.port = self.listener.getsockname()[1]
-        threading.Thread(target=self._accept, daemon=True).start()
-
-    def _accept(self) -> None:
-        while True:
-            try:
-                client, _ = self.listener.accept()
-            except OSError:
-                return
-            threading.Thread(target=self._serve, args=(client,), daemon=True).start()
-
-    def _serve(self, client: socket.socket) -> None:
-        server = socket.create_connection(("127.0.0.1", self.target))
-        threading.Thread(target=self._pump, args=(client, server), daemon=True).start()
-        try:
-            while True:
-                data = server.recv(65536)
-                if not data:
-                    break
-                with self.lock:
-                    drop = self.drops > 0
-                    self.drops -= drop
-                    self.dropped += drop
-                if drop:
-                    # SO_LINGER 0: close with a reset, as a broken network path does.
-                    client.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
-                    break
-                client.sendall(data)
-        except OSError:
-            pass
-        finally:
-            # shutdown() first: it wakes the pump blocked in recv(), so the close takes effect.
-            for s in (client, server):
-                try:
-                    s.shutdown(socket.SHUT_RDWR)
-                except OSError:
-                    pass
-                s.close()
-
-    @staticmethod
-    def _pump(src: socket.socket, dst: socket.socket) -> None:
-        try:
-            while True:
-                data = src.recv(65536)
-                if not data:
-                    break
-                dst.sendall(data)
-        except OSError:
-            pass
-
-    def close(self) -> None:
-        self.listener.close()
 
 
 class Gateway:
@@ -300,6 +235,8 @@ class ThroughTheGateway(unittest.TestCase):
 class AsyncThroughTheGateway(unittest.IsolatedAsyncioTestCase):
     def setUp(self):
         start(self)
+        # Built here: httpx loads its CA bundle when a transport is made, a blocking step.
+        self.inner = httpx.AsyncHTTPTransport()
 
     async def test_a_lost_answer_is_retried_with_the_same_key_and_replayed(self):
         import anyio
@@ -314,7 +251,7 @@ class AsyncThroughTheGateway(unittest.IsolatedAsyncioTestCase):
             slept.append(d)
             await anyio.sleep(d)
 
-        transport = AsyncIdempotentTransport(scope="run-8", retry=RetryPolicy(base=0.05, cap=0.5), sleep=sleep)
+        transport = AsyncIdempotentTransport(self.inner, scope="run-8", retry=RetryPolicy(base=0.05, cap=0.5), sleep=sleep)
         async with httpx.AsyncClient(transport=transport, headers=PRINCIPAL, timeout=30) as client:
             r = await client.post(f"http://127.0.0.1:{proxy.port}/v1/charges",
                                    json={"customer": "cus_a", "amount_cents": 700}, extensions=intent("charge_card"))

@@ -1,6 +1,7 @@
 """idem_runtime.mcp through `idem mcp` with runtime keys (`key = "runtime"` in its policy file)
 in front of clients/python/upstream_server.py (the official SDK's server, which logs each
-e-mail sent and each payment made), over stdio, with the official SDK's ClientSession.
+e-mail sent and each payment made), over stdio and streamable HTTP, with the official SDK's
+ClientSession.
 
 Run: cd clients/python && IDEM_BIN=target/debug/idem python -m unittest tests.test_mcp_helper -v
 Without the mcp package or the binary the tests skip, unless IDEM_REQUIRE_SERVICES=1 (CI).
@@ -15,6 +16,7 @@ import unittest
 from contextlib import asynccontextmanager
 
 from cli_support import HERE, cli_missing, idem_binary, need
+from net_support import FlakyProxy, mcp_over_http
 
 try:
     import mcp  # noqa: F401
@@ -146,6 +148,39 @@ class RuntimeKeysThroughTheProxy(unittest.IsolatedAsyncioTestCase):
         self.assertFalse(replayed(again))
         self.assertTrue(replayed(twice))
         self.assertEqual(len(self.lines("sent.log")), 1)
+
+    async def test_over_http_a_cut_off_answer_ends_the_session_and_a_new_one_replays(self):
+        """Over streamable HTTP a lost answer is a real one: a TCP proxy cuts the connection
+        when the answer to tools/call starts. The SDK ends the session; the helper opens a
+        new one and sends the same key: one e-mail, the answer a replay."""
+        from mcp import ClientSession
+        from mcp.client.streamable_http import streamable_http_client
+
+        from idem_runtime.mcp import call_tool_with_reconnect, replayed
+
+        policy = self.dir / "policy.toml"
+        policy.write_text('[defaults]\nkey = "runtime"\n')
+        import anyio
+
+        port = await anyio.to_thread.run_sync(lambda: mcp_over_http(self, self.dir / "state", self.store, policy))
+        flaky = FlakyProxy(port, only=b'"tools/call"')
+        self.addCleanup(flaky.close)
+        flaky.drops = 1
+
+        @asynccontextmanager
+        async def connect():
+            async with streamable_http_client(f"http://127.0.0.1:{flaky.port}/mcp") as (read, write, *_):
+                async with ClientSession(read, write) as s:
+                    await s.initialize()
+                    yield s
+
+        result = await call_tool_with_reconnect(connect, "send_email", dict(EMAIL), scope="run-34",
+                                                on_attempt=self.attempts.append, sleep=lambda d: _nothing())
+        self.assertEqual(flaky.dropped, 1)
+        self.assertFalse(result.is_error, result)
+        self.assertTrue(replayed(result))
+        self.assertEqual(self.lines("sent.log"), ["ana@example.com Your order"], "one e-mail")
+        self.assertIsNotNone(self.attempts[0].error, "the first session was lost")
 
 
 async def _nothing():

@@ -18,6 +18,8 @@ the result's ``_meta.idem`` (:func:`replayed`).
 A session that closed mid-call cannot carry a retry: :class:`CallLostError` says so and
 carries the key, to call again on a new session (``call_tool(new, ..., key=e.key)``, or the
 same scope and arguments); the proxy then replays the result instead of running it twice.
+:func:`call_tool_with_reconnect` does that itself, given a way to open a session: over
+streamable HTTP the SDK ends the whole session when an answer is cut off.
 """
 
 from __future__ import annotations
@@ -149,6 +151,62 @@ def _lost(name: str, key: str, cause: BaseException) -> CallLostError:
     )
 
 
+def _lost_connection(error: BaseException) -> bool:
+    """Whether ``error`` says the connection went away, not that the call was answered: the
+    SDK's transports end a session with these (over streamable HTTP, an httpx error escapes
+    the transport's task group as an exception group)."""
+    if isinstance(error, (CallLostError, OSError, anyio.ClosedResourceError, anyio.BrokenResourceError, anyio.EndOfStream)):
+        return True
+    if isinstance(error, MCPError):
+        return error.error.code == CONNECTION_CLOSED
+    if type(error).__module__.split(".", 1)[0] in ("httpx", "httpx2", "httpcore") and "Error" in type(error).__name__:
+        return not type(error).__name__.startswith(("HTTPStatus", "InvalidURL", "UnsupportedProtocol"))
+    members = getattr(error, "exceptions", None)  # an exception group
+    return isinstance(members, tuple) and bool(members) and all(_lost_connection(e) for e in members)
+
+
+async def call_tool_with_reconnect(
+    connect: Callable[[], Any],
+    name: str,
+    arguments: Optional[dict] = None,
+    *,
+    scope: Union[None, str, Scope] = None,
+    ordinal: int = 0,
+    secret: Union[None, str, bytes] = None,
+    key_fields: Optional[Sequence[str]] = None,
+    key: Optional[str] = None,
+    retry: RetryPolicy = DEFAULT_RETRY,
+    on_attempt: Optional[Callable[[Attempt], Any]] = None,
+    sleep: Callable[[float], Awaitable[Any]] = anyio.sleep,
+    **kwargs: Any,
+) -> Any:
+    """:func:`call_tool` on a session ``connect()`` opens (an async context manager that
+    yields an initialized ``ClientSession``), opening a new one when the connection is lost
+    mid-call: over streamable HTTP the SDK ends the whole session when an answer is cut off,
+    and over stdio a restarted proxy is a new process. The key is derived once and sent on
+    every session; lost sessions count against ``retry`` like attempts (and are reported to
+    ``on_attempt`` with the error). When they run out, :class:`CallLostError` is raised."""
+    if key is None:
+        key = tool_key(name, arguments, scope=scope, ordinal=ordinal, secret=secret, key_fields=key_fields)
+    budget = Budget(retry)
+    number = 0
+    while True:
+        number += 1
+        try:
+            async with connect() as session:
+                return await call_tool(
+                    session, name, arguments, key=key, retry=retry, on_attempt=on_attempt, sleep=sleep, **kwargs
+                )
+        except Exception as e:  # noqa: BLE001 - only a lost connection is retried
+            if not _lost_connection(e):
+                raise
+            delay = budget.next_delay(number, None)
+            observe(on_attempt, Attempt(name, key, number, error=e, retry_in=delay))
+            if delay is None:
+                raise _lost(name, key, e) from e
+        await sleep(delay)
+
+
 class IdempotentSession:
     """A ``ClientSession`` whose ``call_tool`` is :func:`call_tool` with these defaults
     (scope, secret, retry policy); everything else is the session's. For code that takes
@@ -167,6 +225,7 @@ class IdempotentSession:
 
 __all__ = [
     "call_tool",
+    "call_tool_with_reconnect",
     "tool_key",
     "IdempotentSession",
     "CallLostError",
