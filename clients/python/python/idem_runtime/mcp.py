@@ -166,37 +166,29 @@ def _lost_connection(error: BaseException) -> bool:
 
 
 async def call_tool_with_reconnect(
-    connect: Callable[[], Any],
-    name: str,
-    arguments: Optional[dict] = None,
-    *,
-    scope: Union[None, str, Scope] = None,
-    ordinal: int = 0,
-    secret: Union[None, str, bytes] = None,
-    key_fields: Optional[Sequence[str]] = None,
-    key: Optional[str] = None,
-    retry: RetryPolicy = DEFAULT_RETRY,
-    on_attempt: Optional[Callable[[Attempt], Any]] = None,
-    sleep: Callable[[float], Awaitable[Any]] = anyio.sleep,
-    **kwargs: Any,
+    connect: Callable[[], Any], name: str, arguments: Optional[dict] = None, **options: Any
 ) -> Any:
     """:func:`call_tool` on a session ``connect()`` opens (an async context manager that
     yields an initialized ``ClientSession``), opening a new one when the connection is lost
     mid-call: over streamable HTTP the SDK ends the whole session when an answer is cut off,
-    and over stdio a restarted proxy is a new process. The key is derived once and sent on
-    every session; lost sessions count against ``retry`` like attempts (and are reported to
-    ``on_attempt`` with the error). When they run out, :class:`CallLostError` is raised."""
-    if key is None:
-        key = tool_key(name, arguments, scope=scope, ordinal=ordinal, secret=secret, key_fields=key_fields)
+    and over stdio a restarted proxy is a new process. ``options`` are :func:`call_tool`'s.
+    The key is derived once and sent on every session; lost sessions count against the
+    ``retry`` policy like attempts (and are reported to ``on_attempt`` with the error). When
+    they run out, :class:`CallLostError` is raised."""
+    if options.get("key") is None:
+        intent = {k: options.pop(k) for k in ("scope", "ordinal", "secret", "key_fields") if k in options}
+        options["key"] = tool_key(name, arguments, **intent)
+    key = options["key"]
+    retry = options.get("retry", DEFAULT_RETRY)
+    on_attempt = options.get("on_attempt")
+    sleep = options.get("sleep", anyio.sleep)
     budget = Budget(retry)
     number = 0
     while True:
         number += 1
         try:
             async with connect() as session:
-                return await call_tool(
-                    session, name, arguments, key=key, retry=retry, on_attempt=on_attempt, sleep=sleep, **kwargs
-                )
+                return await call_tool(session, name, arguments, **options)
         except Exception as e:  # noqa: BLE001 - only a lost connection is retried
             if not _lost_connection(e):
                 raise
