@@ -17,8 +17,8 @@ import threading
 import unittest
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-from cli_support import cli_missing, idem, idem_binary, need
-from net_support import FlakyProxy
+from cli_support import cli_missing, idem, idem_binary
+from net_support import FlakyProxy, require
 
 try:
     import httpx
@@ -110,9 +110,9 @@ def start(test) -> None:
     test.addCleanup(test.proxy.close)
 
 
-@need(WHY)
 class ThroughTheGateway(unittest.TestCase):
     def setUp(self):
+        require(self, WHY)
         from idem_runtime.http import RetryPolicy
 
         start(self)
@@ -231,9 +231,9 @@ class ThroughTheGateway(unittest.TestCase):
         self.assertEqual(len(self.upstream.executions), 2)
 
 
-@need(WHY)
 class AsyncThroughTheGateway(unittest.IsolatedAsyncioTestCase):
     def setUp(self):
+        require(self, WHY)
         start(self)
         # Built here: httpx loads its CA bundle when a transport is made, a blocking step.
         self.inner = httpx.AsyncHTTPTransport()

@@ -15,8 +15,8 @@ import tempfile
 import unittest
 from contextlib import asynccontextmanager
 
-from cli_support import HERE, cli_missing, idem_binary, need
-from net_support import FlakyProxy, mcp_over_http
+from cli_support import HERE, cli_missing, idem_binary
+from net_support import FlakyProxy, mcp_over_http, require
 
 try:
     import mcp  # noqa: F401
@@ -48,9 +48,9 @@ class LosesOneAnswer:
         return result
 
 
-@need(WHY)
 class RuntimeKeysThroughTheProxy(unittest.IsolatedAsyncioTestCase):
     def setUp(self):
+        require(self, WHY)
         tmp = tempfile.TemporaryDirectory(prefix="idem-mcp-helper-")
         self.addCleanup(tmp.cleanup)
         self.dir = pathlib.Path(tmp.name)

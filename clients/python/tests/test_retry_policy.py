@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import unittest
 
-from cli_support import need
+from net_support import require
 
 try:
     import httpx
@@ -64,8 +64,10 @@ class Policy(unittest.TestCase):
         self.assertIsNone(parse_retry_after(None))
 
 
-@need(WHY)
 class Decisions(unittest.TestCase):
+    def setUp(self):
+        require(self, WHY)
+
     def run_script(self, script, method="POST", **kw):
         """Sends one request through the transport over a mock answering ``script`` in
         order (a status, or an exception class to raise); returns the attempts' record."""
