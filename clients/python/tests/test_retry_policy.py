@@ -146,6 +146,9 @@ class Decisions(unittest.TestCase):
 
         with self.assertRaises(ConfigurationError):
             self.run_script([201], headers={"Idempotency-Key": "a"}, extensions=intent("x", key="b"))
+        for bad in ("", "a b", "ключ", "k" * 256):
+            with self.assertRaises(ConfigurationError):
+                self.run_script([201], extensions=intent("x", key=bad))
         r, seen, _ = self.run_script([201], headers={"Idempotency-Key": '"k\\"1"'})
         self.assertEqual(json.loads(seen[0].content)["idempotency_key"], 'k"1', "an sf-string header is unquoted")
 

@@ -131,6 +131,16 @@ def _unquote(value: str) -> str:
     return value
 
 
+def _checked(key: Optional[str]) -> Optional[str]:
+    """A key as idem accepts it: 1 to 255 visible ASCII characters (crates/idem-core)."""
+    if key is not None and not (isinstance(key, str) and 0 < len(key) <= 255 and all("!" <= c <= "~" for c in key)):
+        raise ConfigurationError(
+            f"{key!r} is not an idempotency key: use 1 to 255 visible ASCII characters (no spaces), "
+            f"or let intent(tool) derive one; nothing was sent"
+        )
+    return key
+
+
 def _is_json(request: httpx.Request) -> bool:
     kind = request.headers.get("content-type", "").split(";", 1)[0].strip().lower()
     return kind == "application/json" or kind.endswith("+json")
@@ -178,7 +188,7 @@ class _Call:
         self.budget = Budget(self.config.retry)
         body = self.request.content
         parsed = self._parse(body)
-        self.key = self._key(parsed)
+        self.key = _checked(self._key(parsed))
         method = self.request.method.upper()
         self.repeatable = self.key is not None or method in READS or method in IDEMPOTENT
         if self.key is not None:
