@@ -14,18 +14,19 @@ REPO = HERE.parents[2]
 PACKAGE = HERE.parent / "python"
 REQUIRED = os.environ.get("IDEM_REQUIRE_SERVICES") == "1"
 
-if str(PACKAGE) not in sys.path and os.environ.get("IDEM_TEST_INSTALLED") != "1":
+# The package's source tree is tested in place when its native module was built there
+# (`maturin develop`); otherwise (CI: `pip install ./clients/python`) the installed package is.
+_built_in_place = any((PACKAGE / "idem_runtime").glob("_native*.so")) or any(
+    (PACKAGE / "idem_runtime").glob("_native*.pyd")
+)
+if _built_in_place and str(PACKAGE) not in sys.path and os.environ.get("IDEM_TEST_INSTALLED") != "1":
     sys.path.insert(0, str(PACKAGE))
 
-
-def idem_binary() -> pathlib.Path:
-    """$IDEM_BIN, else target/debug/idem under $CARGO_TARGET_DIR or the repository."""
-    if os.environ.get("IDEM_BIN"):
-        return pathlib.Path(os.environ["IDEM_BIN"])
-    target = pathlib.Path(os.environ.get("CARGO_TARGET_DIR") or REPO / "target")
-    if not target.is_absolute():
-        target = REPO / target
-    return target / "debug" / "idem"
+# The one-file tests beside the package (test_mcp_proxy.py) hold the one place that finds
+# the idem binary.
+if str(HERE.parent) not in sys.path:
+    sys.path.append(str(HERE.parent))
+from test_mcp_proxy import idem_binary  # noqa: E402
 
 
 def need(why_missing):
