@@ -129,7 +129,11 @@ export function idempotent(fn, options = {}) {
     }
     let outcome;
     try {
-      outcome = await spec.begin(await openStore(url), key, argsJson);
+      const store = await openStore(url);
+      // A memory: store answers on this thread (no I/O); null means "wait for a duplicate in
+      // flight", which happens on the thread pool like every call of a store with I/O.
+      outcome = store.inline ? spec.beginNow(store, key, argsJson) : null;
+      outcome ??= await spec.begin(store, key, argsJson);
     } catch (e) {
       throw e instanceof StoreUnavailableError ? Object.assign(e, { key }) : fromNative(e, key);
     }
@@ -166,7 +170,10 @@ export function idempotent(fn, options = {}) {
       value = await fn(args, ...rest);
     } catch (err) {
       if (keep(err)) {
-        note(await ticket.finish(RAISED, Buffer.from(errorBody(err)), "application/json"), key);
+        const body = Buffer.from(errorBody(err));
+        note(ticket.inline ? ticket.finishNow(RAISED, body, "application/json") : await ticket.finish(RAISED, body, "application/json"), key);
+      } else if (ticket.inline) {
+        ticket.releaseNow();
       } else {
         await ticket.release();
       }
@@ -184,7 +191,7 @@ export function idempotent(fn, options = {}) {
         { cause: err },
       );
     }
-    note(await ticket.finish(RETURNED, body, codec.mediaType), key);
+    note(ticket.inline ? ticket.finishNow(RETURNED, body, codec.mediaType) : await ticket.finish(RETURNED, body, codec.mediaType), key);
     return value;
   }
 

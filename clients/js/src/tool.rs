@@ -7,6 +7,7 @@ use napi::{Env, Task};
 use napi_derive::napi;
 
 use idem_embed::{EmbedError, KeyFields, PriorKind, Started, ToolPolicy};
+use idem_stores::StoreUrl;
 
 use crate::derive::{derive_text, ordinal, parse_fields};
 use crate::ticket::Ticket;
@@ -17,6 +18,7 @@ use crate::{embed_error, js_error};
 #[derive(Debug, Clone)]
 pub struct Store {
     inner: idem_embed::Store,
+    inline: bool,
 }
 
 #[napi]
@@ -25,6 +27,14 @@ impl Store {
     #[napi(getter)]
     pub fn redacted(&self) -> String {
         self.inner.redacted()
+    }
+
+    /// Whether calls may run on the calling thread: a `memory:` store answers without I/O, so
+    /// only a wait for a duplicate in flight would block (and that goes to the thread pool).
+    /// A hop to the pool and back costs tens of microseconds, more than the whole call.
+    #[napi(getter)]
+    pub fn inline(&self) -> bool {
+        self.inline
     }
 }
 
@@ -36,15 +46,17 @@ pub struct OpenStore {
 }
 
 impl Task for OpenStore {
-    type Output = idem_embed::Store;
+    type Output = Store;
     type JsValue = Store;
 
     fn compute(&mut self) -> napi::Result<Self::Output> {
-        idem_embed::Store::open(&self.url).map_err(|e| embed_error(&e))
+        let inline = matches!(self.url.parse(), Ok(StoreUrl::Memory));
+        let inner = idem_embed::Store::open(&self.url).map_err(|e| embed_error(&e))?;
+        Ok(Store { inner, inline })
     }
 
-    fn resolve(&mut self, _env: Env, inner: Self::Output) -> napi::Result<Store> {
-        Ok(Store { inner })
+    fn resolve(&mut self, _env: Env, store: Self::Output) -> napi::Result<Store> {
+        Ok(store)
     }
 }
 
@@ -91,6 +103,9 @@ impl std::fmt::Debug for ToolOptions {
 pub struct Tool {
     name: String,
     policy: ToolPolicy,
+    /// The policy without the wait, for [`Tool::begin_now`].
+    at_once: ToolPolicy,
+    waits: bool,
     fields: Option<KeyFields>,
     secret: Option<Vec<u8>>,
 }
@@ -131,21 +146,24 @@ impl Tool {
                 format!("maxResultBytes must be a whole number of bytes, not {max}"),
             ));
         }
-        let policy = ToolPolicy::new(
-            duration("lease", options.lease_ms)?,
-            duration("retention", options.retention_ms)?,
-            wait,
-            &options.on_abandoned,
+        let max = {
             // Checked above: integral, non-negative, below 2^53.
             #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
             {
                 max as usize
-            },
-        )
-        .map_err(|e| embed_error(&e))?;
+            }
+        };
+        let lease = duration("lease", options.lease_ms)?;
+        let retention = duration("retention", options.retention_ms)?;
+        let policy = |wait| {
+            ToolPolicy::new(lease, retention, wait, &options.on_abandoned, max)
+                .map_err(|e| embed_error(&e))
+        };
         Ok(Tool {
+            policy: policy(wait)?,
+            at_once: policy(None)?,
+            waits: wait.is_some(),
             name: options.name,
-            policy,
             fields: parse_fields(options.key_fields)?,
             secret: options.secret.map(|b| b.to_vec()),
         })
@@ -167,6 +185,36 @@ impl Tool {
             self.secret.as_deref(),
             self.fields.as_ref(),
         )
+    }
+
+    /// Claims `key` on this thread, for an inline (`memory:`) store only. `null` when a
+    /// duplicate is in flight and the tool waits for it: then call [`Tool::begin`], which
+    /// waits on the thread pool.
+    #[napi]
+    pub fn begin_now(
+        &self,
+        store: &Store,
+        key: String,
+        args_json: String,
+    ) -> napi::Result<Option<BeginOutcome>> {
+        if !store.inline {
+            return Err(js_error(
+                "invalid",
+                "begin_now is for memory: stores; a store with I/O must use begin",
+            ));
+        }
+        let started = begin(
+            &store.inner,
+            &key,
+            &self.name,
+            &args_json,
+            self.fields.as_ref(),
+            &self.at_once,
+        )?;
+        if self.waits && matches!(&started, Started::Prior(p) if p.kind == PriorKind::InFlight) {
+            return Ok(None);
+        }
+        Ok(Some(outcome(started, true)))
     }
 
     /// Claims `key` for a call with these arguments, off the event loop (it may wait for a
@@ -200,47 +248,64 @@ impl Task for Begin {
     type JsValue = BeginOutcome;
 
     fn compute(&mut self) -> napi::Result<Started> {
-        let args: serde_json::Value = serde_json::from_str(&self.args_json)
-            .map_err(|e| js_error("invalid", format!("the arguments are not JSON: {e}")))?;
-        self.store
-            .begin(
-                &self.key,
-                &self.tool,
-                &args,
-                self.fields.as_ref(),
-                &self.policy,
-            )
-            .map_err(|e: EmbedError| embed_error(&e))
+        begin(
+            &self.store,
+            &self.key,
+            &self.tool,
+            &self.args_json,
+            self.fields.as_ref(),
+            &self.policy,
+        )
     }
 
     fn resolve(&mut self, _env: Env, started: Started) -> napi::Result<BeginOutcome> {
-        Ok(match started {
-            Started::Execute(ticket) => BeginOutcome {
-                kind: "execute".into(),
-                ticket: Some(Ticket::new(ticket)),
-                ..BeginOutcome::default()
-            },
-            Started::Prior(p) => BeginOutcome {
-                kind: match p.kind {
-                    PriorKind::Replayed => "replayed",
-                    PriorKind::InFlight => "in_flight",
-                    PriorKind::Mismatch => "mismatch",
-                    PriorKind::Unknown => "unknown",
-                    PriorKind::Found => "found",
-                }
-                .into(),
-                ticket: None,
-                state: Some(p.state.into()),
-                status: p.status.map(u32::from),
-                body: p.body.map(Buffer::from),
-                // Lengths and counts are far below 2^53.
-                #[allow(clippy::cast_precision_loss)]
-                omitted_len: p.omitted_len.map(|n| n as f64),
-                media_type: p.media_type,
-                attempts: p.attempts,
-                replays: p.replays,
-            },
-        })
+        Ok(outcome(started, false))
+    }
+}
+
+fn begin(
+    store: &idem_embed::Store,
+    key: &str,
+    tool: &str,
+    args_json: &str,
+    fields: Option<&KeyFields>,
+    policy: &ToolPolicy,
+) -> napi::Result<Started> {
+    let args: serde_json::Value = serde_json::from_str(args_json)
+        .map_err(|e| js_error("invalid", format!("the arguments are not JSON: {e}")))?;
+    store
+        .begin(key, tool, &args, fields, policy)
+        .map_err(|e: EmbedError| embed_error(&e))
+}
+
+/// `inline`: the ticket may be finished on the calling thread (a `memory:` store).
+fn outcome(started: Started, inline: bool) -> BeginOutcome {
+    match started {
+        Started::Execute(ticket) => BeginOutcome {
+            kind: "execute".into(),
+            ticket: Some(Ticket::new(ticket, inline)),
+            ..BeginOutcome::default()
+        },
+        Started::Prior(p) => BeginOutcome {
+            kind: match p.kind {
+                PriorKind::Replayed => "replayed",
+                PriorKind::InFlight => "in_flight",
+                PriorKind::Mismatch => "mismatch",
+                PriorKind::Unknown => "unknown",
+                PriorKind::Found => "found",
+            }
+            .into(),
+            ticket: None,
+            state: Some(p.state.into()),
+            status: p.status.map(u32::from),
+            body: p.body.map(Buffer::from),
+            // Lengths and counts are far below 2^53.
+            #[allow(clippy::cast_precision_loss)]
+            omitted_len: p.omitted_len.map(|n| n as f64),
+            media_type: p.media_type,
+            attempts: p.attempts,
+            replays: p.replays,
+        },
     }
 }
 
