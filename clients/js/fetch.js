@@ -3,9 +3,9 @@
 // `Idempotency-Key` header and the JSON body's `idempotency_key`; exponential backoff with full
 // jitter; Retry-After honoured; 400/422 and other 4xx never retried; a side-effecting call
 // without a key never retried once it may have been sent.
-import { IdemError, fromNative } from "./errors.js";
+import { deriveFromJson } from "./derive.js";
+import { IdemError } from "./errors.js";
 import { resolveScope } from "./scope.js";
-import { native } from "./native.js";
 
 /** Attempts, backoff bound (doubling from `baseMs` up to `capMs`), and no attempt started after `maxTotalMs`. */
 export const RetryPolicy = Object.freeze({ maxAttempts: 5, baseMs: 100, capMs: 10_000, maxTotalMs: 60_000 });
@@ -40,7 +40,7 @@ export function backoffMs(policy, failed, retryAfter) {
   return retryAfter === null ? jitter : Math.max(retryAfter, jitter);
 }
 
-const sleepMs = (ms) => new Promise((r) => setTimeout(r, ms));
+export const sleepMs = (ms) => new Promise((r) => setTimeout(r, ms));
 
 /**
  * `fetch(input, init)` for one tool call. `init.idem`: { tool, args, scope, key, ordinal,
@@ -67,12 +67,7 @@ export async function idemFetch(input, init = {}) {
     else {
       if (idem.args === undefined) throw new TypeError("idemFetch needs idem.args (the JSON arguments) to derive a key, or idem.key");
       const scope = resolveScope(idem.scope, idem.args, [], tool);
-      try {
-        key = native.deriveKey(scope.id, tool, JSON.stringify(idem.args), idem.ordinal ?? 0,
-          idem.secret === undefined ? undefined : Buffer.from(idem.secret), idem.keyFields);
-      } catch (e) {
-        throw fromNative(e);
-      }
+      key = deriveFromJson(scope.id, tool, JSON.stringify(idem.args), idem);
     }
   }
   const headers = new Headers(rest.headers);

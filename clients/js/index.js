@@ -1,20 +1,11 @@
 // idem-runtime: retry-safe tool calls for Node.js, over idem's Rust engine and stores.
-import { native } from "./native.js";
-import { DeriveError, fromNative } from "./errors.js";
+import { DeriveError } from "./errors.js";
+import { deriveFromJson } from "./derive.js";
 
 export * from "./errors.js";
 export { Scope, withScope, currentScope } from "./scope.js";
 export { idempotent, openStore, jsonCodec, DEFAULT_STORE, RETURNED, RAISED } from "./idempotent.js";
 export { idemFetch, RetryPolicy } from "./fetch.js";
-
-function nativeDerive(scope, tool, argsJson, options) {
-  const { ordinal = 0, secret, keyFields } = options ?? {};
-  try {
-    return native.deriveKey(scope, tool, argsJson, ordinal, secret === undefined ? undefined : Buffer.from(secret), keyFields);
-  } catch (e) {
-    throw fromNative(e);
-  }
-}
 
 /**
  * The key of one intent (idem/v1, docs/key-derivation.md), by the Rust derivation.
@@ -28,10 +19,10 @@ export function deriveKey(scope, tool, args, options) {
     throw new DeriveError(`args are not JSON: ${e.message}`);
   }
   if (text === undefined) throw new DeriveError("args are not JSON: undefined");
-  return nativeDerive(String(scope), String(tool), text, options);
+  return deriveFromJson(String(scope), String(tool), text, options);
 }
 
 /** As deriveKey, from JSON text (integers beyond 2^53 in the text are an error, not a rounding). */
 export function deriveKeyFromJson(scope, tool, argsJson, options) {
-  return nativeDerive(scope, tool, argsJson, options);
+  return deriveFromJson(scope, tool, argsJson, options);
 }

@@ -2,12 +2,10 @@
 // puts the runtime's key in `params._meta.idempotency_key` of every tools/call (derived once per
 // intent, the same on every attempt), for `idem mcp` with `key = "runtime"` (crates/idem-mcp),
 // and retries a call that failed in transport or met a call in flight, with the same key.
-import { IdemError, fromNative } from "./errors.js";
-import { RetryPolicy, backoffMs } from "./fetch.js";
-import { native } from "./native.js";
+import { deriveFromJson } from "./derive.js";
+import { IdemError } from "./errors.js";
+import { RetryPolicy, backoffMs, sleepMs } from "./fetch.js";
 import { resolveScope } from "./scope.js";
-
-const sleepMs = (ms) => new Promise((r) => setTimeout(r, ms));
 
 /**
  * A view of `client` whose callTool carries a key. Options: scope (Scope | id | (params) => scope;
@@ -23,13 +21,10 @@ export function idempotentClient(client, options = {}) {
     let meta = params._meta ?? {};
     if (cls === "effect" && typeof meta.idempotency_key !== "string") {
       const scope = resolveScope(options.scope, params, [], params.name);
-      let key;
-      try {
-        key = native.deriveKey(scope.id, params.name, JSON.stringify(params.arguments ?? {}), 0,
-          options.secret === undefined ? undefined : Buffer.from(options.secret), options.keyFields?.[params.name]);
-      } catch (e) {
-        throw fromNative(e);
-      }
+      const key = deriveFromJson(scope.id, params.name, JSON.stringify(params.arguments ?? {}), {
+        secret: options.secret,
+        keyFields: options.keyFields?.[params.name],
+      });
       meta = { ...meta, idempotency_key: key };
     }
     const keyed = { ...params, _meta: meta };
