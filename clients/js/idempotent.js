@@ -114,25 +114,29 @@ export function idempotent(fn, options = {}) {
     throw fromNative(e);
   }
 
+  let store = null; // the open store, once openStore has answered
+
   async function call(args, ...rest) {
     const argsJson = JSON.stringify(args ?? null);
-    let key;
-    if (args !== null && typeof args === "object" && typeof args.idempotency_key === "string") {
-      key = args.idempotency_key;
-    } else {
-      const scope = resolveScope(options.scope, args, rest, tool);
-      try {
-        key = spec.derive(scope.id, argsJson, ordinal);
-      } catch (e) {
-        throw fromNative(e);
-      }
-    }
-    let outcome;
+    const explicit = args !== null && typeof args === "object" && typeof args.idempotency_key === "string";
+    let key = explicit ? args.idempotency_key : undefined;
+    const scope = explicit ? undefined : resolveScope(options.scope, args, rest, tool);
+    let outcome = null;
     try {
-      const store = await openStore(url);
-      // A memory: store answers on this thread (no I/O); null means "wait for a duplicate in
-      // flight", which happens on the thread pool like every call of a store with I/O.
-      outcome = store.inline ? spec.beginNow(store, key, argsJson) : null;
+      store ??= await openStore(url);
+      // A memory: store answers on this thread (no I/O). Only a wait for a duplicate in
+      // flight, and every call of a store with I/O, goes to libuv's thread pool.
+      if (store.inline) {
+        if (explicit) {
+          outcome = spec.beginNow(store, key, argsJson);
+        } else {
+          outcome = spec.deriveAndBeginNow(store, scope.id, argsJson, ordinal);
+          key = outcome.key;
+          if (outcome.kind === "wait") outcome = null;
+        }
+      } else if (!explicit) {
+        key = spec.derive(scope.id, argsJson, ordinal);
+      }
       outcome ??= await spec.begin(store, key, argsJson);
     } catch (e) {
       throw e instanceof StoreUnavailableError ? Object.assign(e, { key }) : fromNative(e, key);

@@ -187,6 +187,58 @@ impl Tool {
         )
     }
 
+    /// Derives the key of a call in `scope` and claims it on this thread, for an inline
+    /// (`memory:`) store only, parsing the arguments once: the replay path of a `memory:`
+    /// store in one crossing. Kind `wait` (with `key`) when a duplicate is in flight and the
+    /// tool waits for it: then call [`Tool::begin`] with that key.
+    #[napi]
+    pub fn derive_and_begin_now(
+        &self,
+        store: &Store,
+        scope: String,
+        args_json: String,
+        ordinal_: Option<f64>,
+    ) -> napi::Result<BeginOutcome> {
+        inline_only(store)?;
+        let args = idem_keys::parse_args(&args_json).map_err(|e| js_error("derive", e))?;
+        let key = idem_embed::derive_key(
+            &scope,
+            &self.name,
+            &args,
+            ordinal(ordinal_)?,
+            self.secret.as_deref(),
+            self.fields.as_ref(),
+        )
+        .map_err(|e| match e {
+            EmbedError::Field(f) => js_error("invalid", f),
+            other => js_error("derive", other),
+        })?;
+        let started = store
+            .inner
+            .begin(
+                key.as_str(),
+                &self.name,
+                &args,
+                self.fields.as_ref(),
+                &self.at_once,
+            )
+            .map_err(|e| embed_error(&e))?;
+        let mut out = if self.must_wait(&started) {
+            BeginOutcome {
+                kind: "wait".into(),
+                ..BeginOutcome::default()
+            }
+        } else {
+            outcome(started, true)
+        };
+        out.key = Some(key.as_str().to_owned());
+        Ok(out)
+    }
+
+    fn must_wait(&self, started: &Started) -> bool {
+        self.waits && matches!(started, Started::Prior(p) if p.kind == PriorKind::InFlight)
+    }
+
     /// Claims `key` on this thread, for an inline (`memory:`) store only. `null` when a
     /// duplicate is in flight and the tool waits for it: then call [`Tool::begin`], which
     /// waits on the thread pool.
@@ -197,12 +249,7 @@ impl Tool {
         key: String,
         args_json: String,
     ) -> napi::Result<Option<BeginOutcome>> {
-        if !store.inline {
-            return Err(js_error(
-                "invalid",
-                "begin_now is for memory: stores; a store with I/O must use begin",
-            ));
-        }
+        inline_only(store)?;
         let started = begin(
             &store.inner,
             &key,
@@ -211,7 +258,7 @@ impl Tool {
             self.fields.as_ref(),
             &self.at_once,
         )?;
-        if self.waits && matches!(&started, Started::Prior(p) if p.kind == PriorKind::InFlight) {
+        if self.must_wait(&started) {
             return Ok(None);
         }
         Ok(Some(outcome(started, true)))
@@ -263,6 +310,17 @@ impl Task for Begin {
     }
 }
 
+fn inline_only(store: &Store) -> napi::Result<()> {
+    if store.inline {
+        Ok(())
+    } else {
+        Err(js_error(
+            "invalid",
+            "calls on this thread are for memory: stores; a store with I/O must use begin",
+        ))
+    }
+}
+
 fn begin(
     store: &idem_embed::Store,
     key: &str,
@@ -296,6 +354,7 @@ fn outcome(started: Started, inline: bool) -> BeginOutcome {
             }
             .into(),
             ticket: None,
+            key: None,
             state: Some(p.state.into()),
             status: p.status.map(u32::from),
             body: p.body.map(Buffer::from),
@@ -314,8 +373,11 @@ fn outcome(started: Started, inline: bool) -> BeginOutcome {
 #[napi(object, object_from_js = false)]
 #[derive(Default)]
 pub struct BeginOutcome {
-    /// `execute`, `replayed`, `in_flight`, `mismatch` or `unknown`.
+    /// `execute`, `replayed`, `in_flight`, `mismatch` or `unknown` (or, from
+    /// `deriveAndBeginNow`, `wait`: call `begin` to wait for a duplicate in flight).
     pub kind: String,
+    /// From `deriveAndBeginNow`: the derived key.
+    pub key: Option<String>,
     /// With `execute`: the claim to finish.
     pub ticket: Option<Ticket>,
     /// The record's state: `in_flight`, `completed` or `abandoned`.
