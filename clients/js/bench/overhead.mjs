@@ -1,6 +1,7 @@
 // Per-call overhead of idempotent() on memory, SQLite and Redis stores: new keys (claim, run,
 // store) and replays (claim answered from the store), beside the undecorated call.
 // Run: node clients/js/bench/overhead.mjs [calls] [rounds]   (after npm install; Redis on 127.0.0.1:6379)
+import { execFileSync } from "node:child_process";
 import { mkdtempSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
@@ -12,7 +13,8 @@ const dir = mkdtempSync(join(tmpdir(), "idem-bench-"));
 const stores = {
   memory: "memory:",
   sqlite: `sqlite:${join(dir, "bench.db")}`,
-  redis: "redis://127.0.0.1:6379/?durability=volatile",
+  // A key prefix of its own, deleted at the end.
+  redis: `redis://127.0.0.1:6379/?durability=volatile&prefix=idem-bench-${process.pid}`,
 };
 
 const work = async ({ i }) => ({ ok: true, i });
@@ -52,6 +54,7 @@ for (const [name, url] of Object.entries(stores)) {
   rows.push([name, "", fmt(stats(fresh)), fmt(stats(replay))]);
 }
 rmSync(dir, { recursive: true, force: true });
+execFileSync("redis-cli", ["-h", "127.0.0.1", "eval", "for _, k in ipairs(redis.call('keys', ARGV[1])) do redis.call('del', k) end", "0", `idem-bench-${process.pid}*`]);
 console.log(`node ${process.version}, ${rounds} rounds of ${calls} calls (SQLite and Redis: ${Math.min(calls, 2000)}); median (best round), µs per call`);
 console.log("| store | undecorated call | overhead, new key | overhead, replay |");
 console.log("|---|---|---|---|");

@@ -175,16 +175,20 @@ test("a SQLite store: `idem inspect` shows the record of the key the package der
   assert.match(shown, /200/);
 });
 
-for (const [name, store] of [
-  ["redis", REDIS],
-  ["postgres", postgres("idem_node_test")],
+// Each run in a schema / key prefix of its own, deleted afterwards.
+const pgSchema = `idem_node_${process.pid}`;
+const redisPrefix = `idem-node-${process.pid}`;
+for (const [name, store, cleanup] of [
+  ["redis", `${REDIS}&prefix=${redisPrefix}`, () => run("redis-cli", ["-h", "127.0.0.1", "--raw", "eval", "for _, k in ipairs(redis.call('keys', ARGV[1])) do redis.call('del', k) end", "0", `${redisPrefix}*`])],
+  ["postgres", postgres(pgSchema), () => run("psql", ["-h", "127.0.0.1", "-U", "postgres", "-d", "test", "-c", `DROP SCHEMA IF EXISTS ${pgSchema} CASCADE`])],
 ]) {
-  test(`a ${name} store replays`, async () => {
+  test(`a ${name} store replays`, async (t) => {
+    t.after(cleanup);
     const { fn, calls } = counter();
-    const t = idempotent(fn, { tool: "remote", store });
+    const t1 = idempotent(fn, { tool: "remote", store });
     await withScope(scopeId(name), async () => {
-      const a = await t({ v: 1 });
-      assert.deepEqual(await t({ v: 1 }), a);
+      const a = await t1({ v: 1 });
+      assert.deepEqual(await t1({ v: 1 }), a);
     });
     assert.equal(calls.length, 1);
   });
