@@ -10,11 +10,12 @@ import { idempotent, withScope } from "../index.js";
 
 const calls = Number(process.argv[2] ?? 5000);
 const dir = mkdtempSync(join(tmpdir(), "idem-bench-"));
+const redisPrefix = `idem-node-bench-${process.pid}`;
 const stores = {
   memory: "memory:",
   sqlite: `sqlite:${join(dir, "bench.db")}`,
   // A key prefix of its own, deleted at the end.
-  redis: `redis://127.0.0.1:6379/?durability=volatile&prefix=idem-bench-${process.pid}`,
+  redis: `redis://127.0.0.1:6379/?durability=volatile&prefix=${redisPrefix}`,
 };
 
 const work = async ({ i }) => ({ ok: true, i });
@@ -54,7 +55,8 @@ for (const [name, url] of Object.entries(stores)) {
   rows.push([name, "", fmt(stats(fresh)), fmt(stats(replay))]);
 }
 rmSync(dir, { recursive: true, force: true });
-execFileSync("redis-cli", ["-h", "127.0.0.1", "eval", "for _, k in ipairs(redis.call('keys', ARGV[1])) do redis.call('del', k) end", "0", `idem-bench-${process.pid}*`]);
+// The store's keys are `<prefix>:...` and `<prefix>#...`: exactly this run's.
+execFileSync("redis-cli", ["-h", "127.0.0.1", "eval", "for _, p in ipairs(ARGV) do for _, k in ipairs(redis.call('keys', p)) do redis.call('del', k) end end", "0", `${redisPrefix}:*`, `${redisPrefix}#*`]);
 console.log(`node ${process.version}, ${rounds} rounds of ${calls} calls (SQLite and Redis: ${Math.min(calls, 2000)}); median (best round), µs per call`);
 console.log("| store | undecorated call | overhead, new key | overhead, replay |");
 console.log("|---|---|---|---|");

@@ -177,9 +177,9 @@ test("a SQLite store: `idem inspect` shows the record of the key the package der
 
 // Each run in a schema / key prefix of its own, deleted afterwards.
 const pgSchema = `idem_node_${process.pid}`;
-const redisPrefix = `idem-node-${process.pid}`;
+const redisPrefix = `idem-node-test-${process.pid}`;
 for (const [name, store, cleanup] of [
-  ["redis", `${REDIS}&prefix=${redisPrefix}`, () => run("redis-cli", ["-h", "127.0.0.1", "--raw", "eval", "for _, k in ipairs(redis.call('keys', ARGV[1])) do redis.call('del', k) end", "0", `${redisPrefix}*`])],
+  ["redis", `${REDIS}&prefix=${redisPrefix}`, () => run("redis-cli", ["-h", "127.0.0.1", "eval", "for _, p in ipairs(ARGV) do for _, k in ipairs(redis.call('keys', p)) do redis.call('del', k) end end", "0", `${redisPrefix}:*`, `${redisPrefix}#*`])],
   ["postgres", postgres(pgSchema), () => run("psql", ["-h", "127.0.0.1", "-U", "postgres", "-d", "test", "-c", `DROP SCHEMA IF EXISTS ${pgSchema} CASCADE`])],
 ]) {
   test(`a ${name} store replays`, async (t) => {
