@@ -173,13 +173,12 @@ export function idempotent(fn, options = {}) {
     try {
       value = await fn(args, ...rest);
     } catch (err) {
+      // The function's error is what the caller gets; a store failure meanwhile is a warning.
       if (keep(err)) {
         const body = Buffer.from(errorBody(err));
-        note(ticket.inline ? ticket.finishNow(RAISED, body, "application/json") : await ticket.finish(RAISED, body, "application/json"), key);
-      } else if (ticket.inline) {
-        ticket.releaseNow();
+        await keepOutcome(key, () => (ticket.inline ? ticket.finishNow(RAISED, body, "application/json") : ticket.finish(RAISED, body, "application/json")));
       } else {
-        await ticket.release();
+        await keepOutcome(key, () => (ticket.inline ? ticket.releaseNow() : ticket.release()));
       }
       throw err;
     }
@@ -189,19 +188,26 @@ export function idempotent(fn, options = {}) {
       body = typeof encoded === "string" ? Buffer.from(encoded) : Buffer.from(encoded.buffer, encoded.byteOffset, encoded.byteLength);
     } catch (err) {
       // The function acted; without its result a retry must not run it again.
-      await ticket.unknown();
+      await keepOutcome(key, () => ticket.unknown());
       throw new TypeError(
         `${tool}: the result could not be encoded (${err.message}), so key ${key} is marked outcome-unknown; use a codec that can encode it`,
         { cause: err },
       );
     }
-    note(ticket.inline ? ticket.finishNow(RETURNED, body, codec.mediaType) : await ticket.finish(RETURNED, body, codec.mediaType), key);
+    await keepOutcome(key, () => (ticket.inline ? ticket.finishNow(RETURNED, body, codec.mediaType) : ticket.finish(RETURNED, body, codec.mediaType)));
     return value;
   }
 
-  function note(saved, key) {
+  /** Finishes the ticket; the function already ran, so a failure here is a warning, not its result. */
+  async function keepOutcome(key, finish) {
+    let saved;
+    try {
+      saved = await finish();
+    } catch (e) {
+      saved = `lost: ${e.message}`;
+    }
     if (saved.startsWith("lost")) {
-      process.emitWarning(`idem: the result of ${tool} (key ${key}) was not stored (${saved}); a retry will meet an unknown outcome`);
+      process.emitWarning(`idem: what ${tool} did (key ${key}) was not recorded (${saved}); a retry may meet an unknown outcome`);
     }
   }
 
