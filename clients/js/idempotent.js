@@ -85,8 +85,17 @@ function replayError(body, key) {
  * keyFields, secret, ordinal, lease / retention / wait (ms), onAbandoned, maxResultBytes,
  * keepErrors, codec.
  */
+const OPTIONS = new Set([
+  "tool", "store", "scope", "keyFields", "secret", "ordinal", "lease", "retention", "wait",
+  "onAbandoned", "maxResultBytes", "keepErrors", "codec",
+]);
+
 export function idempotent(fn, options = {}) {
   if (typeof fn !== "function") throw new TypeError("idempotent(fn, options) wraps a function");
+  const unknown = Object.keys(options).filter((k) => !OPTIONS.has(k));
+  if (unknown.length > 0) {
+    throw new TypeError(`idempotent: unknown option ${unknown.join(", ")}; the options are ${[...OPTIONS].join(", ")}`);
+  }
   const tool = options.tool ?? fn.name;
   if (!tool) throw new TypeError("the function has no name: pass idempotent(fn, { tool: 'charge_card' })");
   const codec = options.codec ?? jsonCodec;

@@ -155,6 +155,7 @@ test("a result over maxResultBytes is returned once and cannot be replayed", asy
 
 test("bad declarations fail when wrapping; an unusable store fails closed", async () => {
   assert.throws(() => idempotent(async () => 1), /no name/);
+  assert.throws(() => idempotent(async function t() {}, { keyfields: ["a"] }), /unknown option keyfields/);
   assert.throws(() => idempotent(async function t() {}, { lease: 1 }), /lease/);
   assert.throws(() => idempotent(async function t() {}, { onAbandoned: "maybe" }), TypeError);
   assert.throws(() => idempotent(async function t() {}, { keyFields: ["a..b"] }), /malformed/);
