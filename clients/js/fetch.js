@@ -1,0 +1,120 @@
+// idemFetch: fetch with the Rust tool client's retry semantics (crates/idem-client,
+// docs/design.md §7): the key is derived once per intent and sent on every attempt as the
+// `Idempotency-Key` header and the JSON body's `idempotency_key`; exponential backoff with full
+// jitter; Retry-After honoured; 400/422 and other 4xx never retried; a side-effecting call
+// without a key never retried once it may have been sent.
+import { deriveFromJson } from "./derive.js";
+import { IdemError } from "./errors.js";
+import { resolveScope } from "./scope.js";
+
+/** Attempts, backoff bound (doubling from `baseMs` up to `capMs`), and no attempt started after `maxTotalMs`. */
+export const RetryPolicy = Object.freeze({ maxAttempts: 5, baseMs: 100, capMs: 10_000, maxTotalMs: 60_000 });
+
+/** Failure codes that mean the request surely did not reach the server. */
+const NOT_SENT = new Set(["ECONNREFUSED", "ENOTFOUND", "EAI_AGAIN", "UND_ERR_CONNECT"]);
+
+function notSent(err) {
+  for (let e = err; e; e = e.cause) {
+    if (NOT_SENT.has(e.code)) return true;
+  }
+  return false;
+}
+
+/** Whether a status is worth another attempt (crates/idem-client `retryable_status`). */
+export function retryableStatus(status, repeatable) {
+  if (status === 429) return true;
+  if (status === 409 || status === 503) return repeatable;
+  return status >= 500 && repeatable;
+}
+
+function retryAfterMs(headers) {
+  const v = headers.get("retry-after");
+  if (v === null || !/^\s*\d+\s*$/.test(v)) return null; // seconds only; an HTTP date is treated as absent
+  return Math.min(Number(v), 86_400) * 1000;
+}
+
+/** The wait after `failed` attempts: uniform in [0, bound], but never less than Retry-After. */
+export function backoffMs(policy, failed, retryAfter) {
+  const bound = Math.min(policy.baseMs * 2 ** (failed - 1), policy.capMs);
+  const jitter = bound * Math.random();
+  return retryAfter === null ? jitter : Math.max(retryAfter, jitter);
+}
+
+export const sleepMs = (ms) => new Promise((r) => setTimeout(r, ms));
+
+/**
+ * `fetch(input, init)` for one tool call. `init.idem`: { tool, args, scope, key, ordinal,
+ * secret, keyFields, class: "effect" | "idempotent" | "read", retry, onAttempt, and for tests
+ * sleep, now, fetch }.
+ * An effect gets a key (derived from scope, tool and args unless `key` is given; `key: null`
+ * sends it unkeyed). The body is `args` as JSON with `idempotency_key` added. Answers with the
+ * last Response (check `ok`); throws when no attempt got an answer.
+ */
+export async function idemFetch(input, init = {}) {
+  const { idem = {}, ...rest } = init;
+  const cls = idem.class ?? "effect";
+  if (!["effect", "idempotent", "read"].includes(cls)) throw new TypeError(`class is effect, idempotent or read, not ${cls}`);
+  const retry = { ...RetryPolicy, ...(idem.retry ?? {}) };
+  const doFetch = idem.fetch ?? globalThis.fetch;
+  const sleep = idem.sleep ?? sleepMs;
+  const now = idem.now ?? Date.now;
+  const tool = idem.tool ?? new URL(String(input)).pathname.split("/").filter(Boolean).pop() ?? "request";
+
+  // The key: once per intent, here, before the first attempt.
+  let key = null;
+  if (cls === "effect") {
+    if (idem.key !== undefined) key = idem.key;
+    else {
+      if (idem.args === undefined) throw new TypeError("idemFetch needs idem.args (the JSON arguments) to derive a key, or idem.key");
+      const scope = resolveScope(idem.scope, idem.args, [], tool);
+      key = deriveFromJson(scope.id, tool, JSON.stringify(idem.args), idem);
+    }
+  }
+  const headers = new Headers(rest.headers);
+  let body = rest.body;
+  if (idem.args !== undefined) {
+    const args = key !== null && idem.args && typeof idem.args === "object" && !Array.isArray(idem.args)
+      ? { ...idem.args, idempotency_key: key }
+      : idem.args;
+    body = JSON.stringify(args);
+    if (!headers.has("content-type")) headers.set("content-type", "application/json");
+  }
+  if (key !== null) headers.set("idempotency-key", key);
+  const repeatable = key !== null || cls !== "effect";
+  const request = { method: "POST", ...rest, headers, body, redirect: "manual" };
+
+  const start = now();
+  for (let number = 1; ; number++) {
+    let response = null;
+    let failure = null;
+    try {
+      const r = await doFetch(input, request);
+      // A body cut off midway is an answer we did not get: the call may have happened.
+      const bytes = await r.arrayBuffer();
+      response = new Response(r.status === 204 || r.status === 304 ? null : bytes, {
+        status: r.status,
+        statusText: r.statusText,
+        headers: r.headers,
+      });
+    } catch (e) {
+      failure = e;
+    }
+    let retryAfter = null;
+    let again;
+    if (response) {
+      again = response.status >= 400 && retryableStatus(response.status, repeatable);
+      if (again) retryAfter = retryAfterMs(response.headers);
+    } else {
+      again = repeatable || notSent(failure);
+    }
+    const delay = again ? backoffMs(retry, number, retryAfter) : 0;
+    const giveUp = !again || number >= retry.maxAttempts || now() - start + delay > retry.maxTotalMs;
+    idem.onAttempt?.({ tool, key, number, status: response?.status ?? null, error: failure, retryInMs: giveUp ? null : delay });
+    if (giveUp) {
+      if (response) return response;
+      const why = again ? `gave up after ${number} attempts` : "it may have been sent, and an unkeyed effect is not repeated";
+      throw new IdemError(`${tool}: no answer (${failure?.cause?.code ?? failure?.message}); ${why}`, { key: key ?? undefined, cause: failure });
+    }
+    await sleep(delay);
+  }
+}

@@ -1,0 +1,225 @@
+// idempotent(fn): an async function made retry-safe. The key is derived (natively, the same
+// derivation as idem_key.mjs) from the scope, the tool's name and the arguments; the engine
+// (idem-embed, in Rust) claims it, and a repeated call gets the first call's result.
+import { native } from "./native.js";
+import {
+  InFlightError,
+  KeyMismatchError,
+  OutcomeUnknownError,
+  ResultTooLargeError,
+  StoreUnavailableError,
+  fromNative,
+} from "./errors.js";
+import { resolveScope } from "./scope.js";
+
+/** The CLI's default store (idem_stores::DEFAULT_STORE), so `idem inspect KEY` finds records with no flag. */
+export const DEFAULT_STORE = "sqlite:idem.db";
+
+/** Status of a stored return value, and of a kept error (the vocabulary of idem-embed and the Python package). */
+export const RETURNED = 200;
+export const RAISED = 500;
+
+const encoder = new TextEncoder();
+const decoder = new TextDecoder();
+
+/** JSON: `undefined` is stored as an empty body and replayed as `undefined`. */
+export const jsonCodec = Object.freeze({
+  mediaType: "application/json",
+  encode: (value) => (value === undefined ? new Uint8Array() : encoder.encode(JSON.stringify(value))),
+  decode: (bytes) => (bytes.length === 0 ? undefined : JSON.parse(decoder.decode(bytes))),
+});
+
+const stores = new Map();
+
+/** Opens (once per URL per process) the store at `url`. */
+export function openStore(url = DEFAULT_STORE) {
+  let p = stores.get(url);
+  if (!p) {
+    p = native.openStore(url).catch((e) => {
+      stores.delete(url);
+      throw fromNative(e);
+    });
+    stores.set(url, p);
+  }
+  return p;
+}
+
+function ms(name, value, fallback) {
+  const v = value === undefined ? fallback : value;
+  if (v === null) return null;
+  if (typeof v !== "number" || !Number.isFinite(v) || v < 0) {
+    throw new TypeError(`${name} is a number of milliseconds (or null where allowed), not ${String(v)}`);
+  }
+  return v;
+}
+
+function keeper(keepErrors) {
+  const kinds = keepErrors ?? [];
+  if (!Array.isArray(kinds)) throw new TypeError("keepErrors is a list of error classes or names");
+  return (err) =>
+    kinds.some((k) => (typeof k === "function" ? err instanceof k : err?.name === k));
+}
+
+function errorBody(err) {
+  const message = String(err?.message ?? err);
+  return encoder.encode(JSON.stringify({ type: String(err?.name ?? "Error"), message, args: [message] }));
+}
+
+function replayError(body, key) {
+  let parsed = {};
+  try {
+    parsed = JSON.parse(decoder.decode(body));
+  } catch {
+    // A body not written by a binding: report it as it is.
+  }
+  const e = new Error(parsed.message ?? decoder.decode(body));
+  e.name = parsed.type ?? "Error";
+  e.idempotencyKey = key;
+  e.replayed = true;
+  return e;
+}
+
+/**
+ * Wraps `fn(args, ...rest)`. Options: tool (default fn.name), store (URL, default
+ * sqlite:idem.db), scope (Scope | id | (args, ...rest) => scope; default the context's),
+ * keyFields, secret, ordinal, lease / retention / wait (ms), onAbandoned, maxResultBytes,
+ * keepErrors, codec.
+ */
+const OPTIONS = new Set([
+  "tool", "store", "scope", "keyFields", "secret", "ordinal", "lease", "retention", "wait",
+  "onAbandoned", "maxResultBytes", "keepErrors", "codec",
+]);
+
+export function idempotent(fn, options = {}) {
+  if (typeof fn !== "function") throw new TypeError("idempotent(fn, options) wraps a function");
+  const unknown = Object.keys(options).filter((k) => !OPTIONS.has(k));
+  if (unknown.length > 0) {
+    throw new TypeError(`idempotent: unknown option ${unknown.join(", ")}; the options are ${[...OPTIONS].join(", ")}`);
+  }
+  const tool = options.tool ?? fn.name;
+  if (!tool) throw new TypeError("the function has no name: pass idempotent(fn, { tool: 'charge_card' })");
+  const codec = options.codec ?? jsonCodec;
+  if (typeof codec.encode !== "function" || typeof codec.decode !== "function" || typeof codec.mediaType !== "string") {
+    throw new TypeError("a codec is { mediaType, encode(value) -> Uint8Array | string, decode(Uint8Array) -> value }");
+  }
+  const url = options.store ?? DEFAULT_STORE;
+  if (typeof url !== "string") throw new TypeError("store is a URL: memory:, sqlite:PATH, postgres://..., redis://...");
+  const keep = keeper(options.keepErrors);
+  const ordinal = options.ordinal ?? 0;
+  let spec;
+  try {
+    spec = new native.Tool({
+      name: tool,
+      leaseMs: ms("lease", options.lease, 30_000),
+      retentionMs: ms("retention", options.retention, 24 * 3600_000),
+      // undefined: answer "in flight" at once (napi reads null as no value only when undefined).
+      waitMs: ms("wait", options.wait, 30_000) ?? undefined,
+      onAbandoned: options.onAbandoned ?? "reject",
+      maxResultBytes: options.maxResultBytes ?? 1024 * 1024,
+      keyFields: options.keyFields,
+      secret: options.secret === undefined ? undefined : Buffer.from(options.secret),
+    });
+  } catch (e) {
+    throw fromNative(e);
+  }
+
+  let store = null; // the open store, once openStore has answered
+
+  async function call(args, ...rest) {
+    const argsJson = JSON.stringify(args ?? null);
+    const explicit = args !== null && typeof args === "object" && typeof args.idempotency_key === "string";
+    let key = explicit ? args.idempotency_key : undefined;
+    const scope = explicit ? undefined : resolveScope(options.scope, args, rest, tool);
+    let outcome = null;
+    try {
+      store ??= await openStore(url);
+      // A memory: store answers on this thread (no I/O). Only a wait for a duplicate in
+      // flight, and every call of a store with I/O, goes to libuv's thread pool.
+      if (store.inline) {
+        if (explicit) {
+          outcome = spec.beginNow(store, key, argsJson);
+        } else {
+          outcome = spec.deriveAndBeginNow(store, scope.id, argsJson, ordinal);
+          key = outcome.key;
+          if (outcome.kind === "wait") outcome = null;
+        }
+      } else if (!explicit) {
+        key = spec.derive(scope.id, argsJson, ordinal);
+      }
+      outcome ??= await spec.begin(store, key, argsJson);
+    } catch (e) {
+      throw e instanceof StoreUnavailableError ? Object.assign(e, { key }) : fromNative(e, key);
+    }
+    switch (outcome.kind) {
+      case "execute":
+        return execute(outcome.ticket, key, args, rest);
+      case "replayed":
+        if (outcome.body == null) {
+          throw new ResultTooLargeError(
+            `${tool}: the result of key ${key} was ${outcome.omittedLen} bytes, over maxResultBytes, and was kept as a digest only; it cannot be replayed`,
+            { key },
+          );
+        }
+        if (outcome.status === RAISED) throw replayError(outcome.body, key);
+        return codec.decode(outcome.body);
+      case "in_flight":
+        throw new InFlightError(`${tool}: another call with key ${key} is running; retry later with the same key`, { key });
+      case "mismatch":
+        throw new KeyMismatchError(`${tool}: key ${key} was used before with other arguments; nothing ran`, { key });
+      case "unknown":
+        throw new OutcomeUnknownError(
+          `${tool}: an earlier call with key ${key} may have acted but its outcome is unknown, so nothing ran; ` +
+            `check whether it took effect, then \`idem resolve ${key} --store URL\``,
+          { key },
+        );
+      default:
+        throw new TypeError(`idem-runtime: unexpected answer ${outcome.kind}`);
+    }
+  }
+
+  async function execute(ticket, key, args, rest) {
+    let value;
+    try {
+      value = await fn(args, ...rest);
+    } catch (err) {
+      // The function's error is what the caller gets; a store failure meanwhile is a warning.
+      if (keep(err)) {
+        const body = Buffer.from(errorBody(err));
+        await keepOutcome(key, () => (ticket.inline ? ticket.finishNow(RAISED, body, "application/json") : ticket.finish(RAISED, body, "application/json")));
+      } else {
+        await keepOutcome(key, () => (ticket.inline ? ticket.releaseNow() : ticket.release()));
+      }
+      throw err;
+    }
+    let body;
+    try {
+      const encoded = codec.encode(value);
+      body = typeof encoded === "string" ? Buffer.from(encoded) : Buffer.from(encoded.buffer, encoded.byteOffset, encoded.byteLength);
+    } catch (err) {
+      // The function acted; without its result a retry must not run it again.
+      await keepOutcome(key, () => ticket.unknown());
+      throw new TypeError(
+        `${tool}: the result could not be encoded (${err.message}), so key ${key} is marked outcome-unknown; use a codec that can encode it`,
+        { cause: err },
+      );
+    }
+    await keepOutcome(key, () => (ticket.inline ? ticket.finishNow(RETURNED, body, codec.mediaType) : ticket.finish(RETURNED, body, codec.mediaType)));
+    return value;
+  }
+
+  /** Finishes the ticket; the function already ran, so a failure here is a warning, not its result. */
+  async function keepOutcome(key, finish) {
+    let saved;
+    try {
+      saved = await finish();
+    } catch (e) {
+      saved = `lost: ${e.message}`;
+    }
+    if (saved.startsWith("lost")) {
+      process.emitWarning(`idem: what ${tool} did (key ${key}) was not recorded (${saved}); a retry may meet an unknown outcome`);
+    }
+  }
+
+  Object.defineProperty(call, "name", { value: tool });
+  return call;
+}

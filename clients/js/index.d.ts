@@ -1,0 +1,124 @@
+// Types of idem-runtime (ESM, Node.js >= 20).
+
+export { DeriveError } from "./idem_key.js";
+
+/** Every error idem itself raises; `key` is the idempotency key, where known. */
+export class IdemError extends Error {
+  constructor(message: string, options?: { key?: string; cause?: unknown });
+  readonly key: string | undefined;
+}
+/** Another call with this key is running and did not finish within the wait: retry later with the same key. */
+export class InFlightError extends IdemError {}
+/** An earlier call's outcome is unknown, so nothing ran: check, then `idem resolve KEY --store URL`. */
+export class OutcomeUnknownError extends IdemError {}
+/** The key was used before with other arguments: nothing ran. */
+export class KeyMismatchError extends IdemError {}
+/** The store could not be used: nothing ran. */
+export class StoreUnavailableError extends IdemError {}
+/** No scope was given and none is in context. */
+export class ScopeMissingError extends IdemError {}
+/** The stored result was over `maxResultBytes` and kept as a digest only: it cannot be replayed. */
+export class ResultTooLargeError extends IdemError {}
+
+/** A run, thread, task or business id: with the tool and arguments, it makes the key. */
+export class Scope {
+  constructor(id: string);
+  readonly id: string;
+  toJSON(): { idem_scope: string };
+  /** From `toJSON()`'s value, its JSON text, or a bare id. */
+  static from(value: Scope | string | { idem_scope: string }): Scope;
+}
+export type ScopeLike = Scope | string | { idem_scope: string };
+/** Runs `fn` with `scope` as the current scope (AsyncLocalStorage: it survives every await). */
+export function withScope<T>(scope: ScopeLike, fn: () => T): T;
+export function currentScope(): Scope | undefined;
+
+export interface DeriveOptions {
+  ordinal?: number;
+  secret?: string | Uint8Array;
+  /** Derive from these arguments only: names, dotted paths (order.id, items.0.sku) or JSON Pointers. */
+  keyFields?: string[];
+}
+/** The key of one intent (idem/v1, docs/key-derivation.md), by the Rust derivation. */
+export function deriveKey(scope: ScopeLike | string, tool: string, args: unknown, options?: DeriveOptions): string;
+/** As deriveKey, from JSON text: integers beyond 2^53 in it are an error, not a rounding. */
+export function deriveKeyFromJson(scope: string, tool: string, argsJson: string, options?: DeriveOptions): string;
+
+export interface Codec {
+  mediaType: string;
+  encode(value: unknown): Uint8Array | string;
+  decode(bytes: Uint8Array): unknown;
+}
+export const jsonCodec: Codec;
+/** `sqlite:idem.db`, the CLI's default. */
+export const DEFAULT_STORE: string;
+export const RETURNED: 200;
+export const RAISED: 500;
+
+export interface IdempotentOptions<A extends unknown[]> extends Omit<DeriveOptions, "ordinal"> {
+  /** The tool's name (default: the function's name); part of every key. */
+  tool?: string;
+  /** memory:, sqlite:PATH, postgres://..., redis://... (default sqlite:idem.db). */
+  store?: string;
+  /** The scope, or a function of the call's arguments that returns it (default: the context's). */
+  scope?: ScopeLike | ((...args: A) => ScopeLike);
+  ordinal?: number;
+  /** Claim duration without a heartbeat, ms (default 30 000). */
+  lease?: number;
+  /** How long a result is replayed, ms (default 24 h). */
+  retention?: number;
+  /** How long a duplicate waits for a call in flight, ms (default 30 000; null: not at all). */
+  wait?: number | null;
+  /** After a crash mid-call: "reject" (default; OutcomeUnknownError until resolved) or "retry". */
+  onAbandoned?: "reject" | "retry";
+  /** Larger results are kept as a digest only (default 1 MiB). */
+  maxResultBytes?: number;
+  /** Errors (classes or names) that are stored and replayed; any other error releases the key. */
+  keepErrors?: Array<(new (...args: any[]) => Error) | string>;
+  codec?: Codec;
+}
+/** Makes `fn` retry-safe: a repeated call with the same scope, tool and arguments gets the first result. */
+export function idempotent<A extends unknown[], R>(
+  fn: (...args: A) => Promise<R> | R,
+  options?: IdempotentOptions<A>,
+): (...args: A) => Promise<Awaited<R>>;
+
+/** An open store (opened once per URL per process). */
+export interface Store {
+  readonly redacted: string;
+}
+export function openStore(url?: string): Promise<Store>;
+
+export interface RetryPolicyShape {
+  maxAttempts: number;
+  baseMs: number;
+  capMs: number;
+  maxTotalMs: number;
+}
+/** 5 attempts, 100 ms doubling to 10 s, no attempt started after 60 s. */
+export const RetryPolicy: Readonly<RetryPolicyShape>;
+export interface Attempt {
+  tool: string;
+  key: string | null;
+  number: number;
+  status: number | null;
+  error: unknown;
+  retryInMs: number | null;
+}
+export interface IdemFetchOptions extends DeriveOptions {
+  tool?: string;
+  /** JSON arguments: the body, with `idempotency_key` added. */
+  args?: unknown;
+  scope?: ScopeLike | ((args: unknown) => ScopeLike);
+  /** An explicit key; null sends an effect unkeyed (never repeated once it may have been sent). */
+  key?: string | null;
+  class?: "effect" | "idempotent" | "read";
+  retry?: Partial<RetryPolicyShape>;
+  onAttempt?: (attempt: Attempt) => void;
+  sleep?: (ms: number) => Promise<void>;
+  /** The clock the total bound is measured on (tests). */
+  now?: () => number;
+  fetch?: typeof fetch;
+}
+/** fetch with the tool client's retry semantics; answers with the last Response. */
+export function idemFetch(input: string | URL, init?: RequestInit & { idem?: IdemFetchOptions }): Promise<Response>;

@@ -1,0 +1,146 @@
+//! A claimed key: `finish` on libuv's thread pool.
+
+use napi::bindgen_prelude::{AsyncTask, Buffer};
+use napi::{Env, Task};
+use napi_derive::napi;
+
+use idem_embed::{Report, Saved};
+
+use crate::{embed_error, js_error};
+
+/// The claim of one call whose function runs in JavaScript. Collected without `finish` (the
+/// wrapper failed), the heartbeat stops and the key reads as abandoned when its lease ends.
+#[napi]
+#[derive(Debug)]
+pub struct Ticket {
+    inner: Option<idem_embed::Ticket>,
+    /// Claimed on a `memory:` store: `finishNow` may keep the result on the calling thread.
+    inline: bool,
+}
+
+impl Ticket {
+    pub(crate) fn new(inner: idem_embed::Ticket, inline: bool) -> Self {
+        Ticket {
+            inner: Some(inner),
+            inline,
+        }
+    }
+
+    fn take(&mut self) -> napi::Result<idem_embed::Ticket> {
+        self.inner
+            .take()
+            .ok_or_else(|| js_error("invalid", "this ticket is already finished"))
+    }
+
+    fn later(&mut self, report: Report) -> napi::Result<AsyncTask<Finish>> {
+        Ok(AsyncTask::new(Finish {
+            ticket: Some(self.take()?),
+            report: Some(report),
+        }))
+    }
+
+    fn now(&mut self, report: Report) -> napi::Result<String> {
+        if !self.inline {
+            return Err(js_error(
+                "invalid",
+                "finishing now is for memory: stores; a store with I/O must use finish",
+            ));
+        }
+        self.take()?
+            .finish(report)
+            .map(saved)
+            .map_err(|e| embed_error(&e))
+    }
+}
+
+fn result(status: u32, body: &Buffer, media_type: String) -> napi::Result<Report> {
+    let status = u16::try_from(status)
+        .map_err(|_| js_error("invalid", format!("status {status} is not an HTTP status")))?;
+    Ok(Report::Result {
+        status,
+        body: body.to_vec(),
+        media_type,
+    })
+}
+
+fn saved(saved: Saved) -> String {
+    match saved {
+        Saved::Stored => "stored".into(),
+        Saved::Released => "released".into(),
+        Saved::MarkedUnknown => "unknown".into(),
+        Saved::Lost(why) => format!("lost: {why}"),
+    }
+}
+
+#[napi]
+impl Ticket {
+    /// Stores the function's encoded result (`status` 200) or kept error (500). Resolves to
+    /// `stored`, or `lost: <why>` when the store failed meanwhile.
+    #[napi(ts_return_type = "Promise<string>")]
+    pub fn finish(
+        &mut self,
+        status: u32,
+        body: Buffer,
+        media_type: String,
+    ) -> napi::Result<AsyncTask<Finish>> {
+        self.later(result(status, &body, media_type)?)
+    }
+
+    /// As `finish`, on this thread, for a ticket of a `memory:` store.
+    #[napi]
+    pub fn finish_now(
+        &mut self,
+        status: u32,
+        body: Buffer,
+        media_type: String,
+    ) -> napi::Result<String> {
+        self.now(result(status, &body, media_type)?)
+    }
+
+    /// As `release`, on this thread, for a ticket of a `memory:` store.
+    #[napi]
+    pub fn release_now(&mut self) -> napi::Result<String> {
+        self.now(Report::NotRun)
+    }
+
+    /// Whether `finishNow` / `releaseNow` may be used.
+    #[napi(getter)]
+    pub fn inline(&self) -> bool {
+        self.inline
+    }
+
+    /// The function failed before or without its effect: release the key so a retry runs.
+    #[napi(ts_return_type = "Promise<string>")]
+    pub fn release(&mut self) -> napi::Result<AsyncTask<Finish>> {
+        self.later(Report::NotRun)
+    }
+
+    /// The function may have acted but its outcome is unknown: mark the record abandoned.
+    #[napi(ts_return_type = "Promise<string>")]
+    pub fn unknown(&mut self) -> napi::Result<AsyncTask<Finish>> {
+        self.later(Report::Unknown)
+    }
+}
+
+/// [`Ticket`]'s finishing work.
+#[derive(Debug)]
+pub struct Finish {
+    ticket: Option<idem_embed::Ticket>,
+    report: Option<Report>,
+}
+
+impl Task for Finish {
+    type Output = Saved;
+    type JsValue = String;
+
+    fn compute(&mut self) -> napi::Result<Saved> {
+        match (self.ticket.take(), self.report.take()) {
+            (Some(t), Some(r)) => t.finish(r).map_err(|e| embed_error(&e)),
+            _ => Err(js_error("invalid", "this ticket is already finished")),
+        }
+    }
+
+    fn resolve(&mut self, _env: Env, s: Saved) -> napi::Result<String> {
+        Ok(saved(s))
+    }
+}

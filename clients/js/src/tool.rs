@@ -1,0 +1,407 @@
+//! A store and a tool declared on it: `begin` on libuv's thread pool.
+
+use std::time::Duration;
+
+use napi::bindgen_prelude::{AsyncTask, Buffer};
+use napi::{Env, Task};
+use napi_derive::napi;
+
+use idem_embed::{EmbedError, KeyFields, PriorKind, Started, ToolPolicy};
+use idem_stores::StoreUrl;
+
+use crate::derive::{derive_text, ordinal, parse_fields};
+use crate::ticket::Ticket;
+use crate::{embed_error, js_error};
+
+/// An open store (one engine per URL per process, shared by every tool and worker thread).
+#[napi]
+#[derive(Debug, Clone)]
+pub struct Store {
+    inner: idem_embed::Store,
+    inline: bool,
+}
+
+#[napi]
+impl Store {
+    /// The URL with any password replaced, for messages.
+    #[napi(getter)]
+    pub fn redacted(&self) -> String {
+        self.inner.redacted()
+    }
+
+    /// Whether calls may run on the calling thread: a `memory:` store answers without I/O, so
+    /// only a wait for a duplicate in flight would block (and that goes to the thread pool).
+    /// A hop to the pool and back costs tens of microseconds, more than the whole call.
+    #[napi(getter)]
+    pub fn inline(&self) -> bool {
+        self.inline
+    }
+}
+
+/// Opens a store off the event loop (creating a SQLite file, connecting to PostgreSQL or
+/// Redis).
+#[derive(Debug)]
+pub struct OpenStore {
+    url: String,
+}
+
+impl Task for OpenStore {
+    type Output = Store;
+    type JsValue = Store;
+
+    fn compute(&mut self) -> napi::Result<Self::Output> {
+        let inline = matches!(self.url.parse(), Ok(StoreUrl::Memory));
+        let inner = idem_embed::Store::open(&self.url).map_err(|e| embed_error(&e))?;
+        Ok(Store { inner, inline })
+    }
+
+    fn resolve(&mut self, _env: Env, store: Self::Output) -> napi::Result<Store> {
+        Ok(store)
+    }
+}
+
+/// Opens the store at `url` (`memory:`, `sqlite:PATH`, `postgres://...`, `redis://...`).
+#[napi(ts_return_type = "Promise<Store>")]
+pub fn open_store(url: String) -> AsyncTask<OpenStore> {
+    AsyncTask::new(OpenStore { url })
+}
+
+/// A tool's declaration: its name and policy, validated once (when the JavaScript function is
+/// wrapped, so a bad value fails there and not at the first call).
+#[napi(object)]
+pub struct ToolOptions {
+    /// The tool's name: part of every key and of the fingerprint.
+    pub name: String,
+    /// How long a claim lasts without a heartbeat, in milliseconds.
+    pub lease_ms: f64,
+    /// How long a result is kept for replay, in milliseconds.
+    pub retention_ms: f64,
+    /// How long a duplicate waits for a call in flight (milliseconds); `null`: not at all.
+    pub wait_ms: Option<f64>,
+    /// `reject` or `retry`.
+    pub on_abandoned: String,
+    /// Results larger than this are kept as a digest only.
+    pub max_result_bytes: f64,
+    /// Derive keys (and fingerprints) from these arguments only.
+    pub key_fields: Option<Vec<String>>,
+    /// HMAC secret for derived keys.
+    pub secret: Option<Buffer>,
+}
+
+impl std::fmt::Debug for ToolOptions {
+    /// Leaves the secret out.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ToolOptions")
+            .field("name", &self.name)
+            .field("key_fields", &self.key_fields)
+            .finish_non_exhaustive()
+    }
+}
+
+/// A tool's validated declaration; each call names its store.
+#[napi]
+pub struct Tool {
+    name: String,
+    policy: ToolPolicy,
+    /// The policy without the wait, for [`Tool::begin_now`].
+    at_once: ToolPolicy,
+    waits: bool,
+    fields: Option<KeyFields>,
+    secret: Option<Vec<u8>>,
+}
+
+impl std::fmt::Debug for Tool {
+    /// Leaves the secret out.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Tool")
+            .field("name", &self.name)
+            .field("policy", &self.policy)
+            .field("fields", &self.fields)
+            .finish_non_exhaustive()
+    }
+}
+
+fn duration(what: &str, ms: f64) -> napi::Result<Duration> {
+    Duration::try_from_secs_f64(ms / 1000.0).map_err(|_| {
+        js_error(
+            "invalid",
+            format!("{what} must be a non-negative number of milliseconds, not {ms}"),
+        )
+    })
+}
+
+#[napi]
+impl Tool {
+    /// Validates the policy and key fields (throws `invalid: ...` on a bad value).
+    #[napi(constructor)]
+    pub fn new(options: ToolOptions) -> napi::Result<Self> {
+        if options.name.is_empty() {
+            return Err(js_error("invalid", "a tool needs a non-empty name"));
+        }
+        let wait = options.wait_ms.map(|ms| duration("wait", ms)).transpose()?;
+        let max = options.max_result_bytes;
+        if !(max >= 0.0 && max.fract() == 0.0 && max <= 9_007_199_254_740_991.0) {
+            return Err(js_error(
+                "invalid",
+                format!("maxResultBytes must be a whole number of bytes, not {max}"),
+            ));
+        }
+        let max = {
+            // Checked above: integral, non-negative, below 2^53.
+            #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+            {
+                max as usize
+            }
+        };
+        let lease = duration("lease", options.lease_ms)?;
+        let retention = duration("retention", options.retention_ms)?;
+        let policy = |wait| {
+            ToolPolicy::new(lease, retention, wait, &options.on_abandoned, max)
+                .map_err(|e| embed_error(&e))
+        };
+        Ok(Tool {
+            policy: policy(wait)?,
+            at_once: policy(None)?,
+            waits: wait.is_some(),
+            name: options.name,
+            fields: parse_fields(options.key_fields)?,
+            secret: options.secret.map(|b| b.to_vec()),
+        })
+    }
+
+    /// The key of a call with these arguments (JSON text) in `scope`.
+    #[napi]
+    pub fn derive(
+        &self,
+        scope: String,
+        args_json: String,
+        ordinal_: Option<f64>,
+    ) -> napi::Result<String> {
+        derive_text(
+            &scope,
+            &self.name,
+            &args_json,
+            ordinal(ordinal_)?,
+            self.secret.as_deref(),
+            self.fields.as_ref(),
+        )
+    }
+
+    /// Derives the key of a call in `scope` and claims it on this thread, for an inline
+    /// (`memory:`) store only, parsing the arguments once: the replay path of a `memory:`
+    /// store in one crossing. Kind `wait` (with `key`) when a duplicate is in flight and the
+    /// tool waits for it: then call [`Tool::begin`] with that key.
+    #[napi]
+    pub fn derive_and_begin_now(
+        &self,
+        store: &Store,
+        scope: String,
+        args_json: String,
+        ordinal_: Option<f64>,
+    ) -> napi::Result<BeginOutcome> {
+        inline_only(store)?;
+        let args = idem_keys::parse_args(&args_json).map_err(|e| js_error("derive", e))?;
+        let key = idem_embed::derive_key(
+            &scope,
+            &self.name,
+            &args,
+            ordinal(ordinal_)?,
+            self.secret.as_deref(),
+            self.fields.as_ref(),
+        )
+        .map_err(|e| match e {
+            EmbedError::Field(f) => js_error("invalid", f),
+            other => js_error("derive", other),
+        })?;
+        let started = store
+            .inner
+            .begin(
+                key.as_str(),
+                &self.name,
+                &args,
+                self.fields.as_ref(),
+                &self.at_once,
+            )
+            .map_err(|e| embed_error(&e))?;
+        let mut out = if self.must_wait(&started) {
+            BeginOutcome {
+                kind: "wait".into(),
+                ..BeginOutcome::default()
+            }
+        } else {
+            outcome(started, true)
+        };
+        out.key = Some(key.as_str().to_owned());
+        Ok(out)
+    }
+
+    fn must_wait(&self, started: &Started) -> bool {
+        self.waits && matches!(started, Started::Prior(p) if p.kind == PriorKind::InFlight)
+    }
+
+    /// Claims `key` on this thread, for an inline (`memory:`) store only. `null` when a
+    /// duplicate is in flight and the tool waits for it: then call [`Tool::begin`], which
+    /// waits on the thread pool.
+    #[napi]
+    pub fn begin_now(
+        &self,
+        store: &Store,
+        key: String,
+        args_json: String,
+    ) -> napi::Result<Option<BeginOutcome>> {
+        inline_only(store)?;
+        let started = begin(
+            &store.inner,
+            &key,
+            &self.name,
+            &args_json,
+            self.fields.as_ref(),
+            &self.at_once,
+        )?;
+        if self.must_wait(&started) {
+            return Ok(None);
+        }
+        Ok(Some(outcome(started, true)))
+    }
+
+    /// Claims `key` for a call with these arguments, off the event loop (it may wait for a
+    /// duplicate in flight).
+    #[napi(ts_return_type = "Promise<BeginOutcome>")]
+    pub fn begin(&self, store: &Store, key: String, args_json: String) -> AsyncTask<Begin> {
+        AsyncTask::new(Begin {
+            store: store.inner.clone(),
+            tool: self.name.clone(),
+            policy: self.policy.clone(),
+            fields: self.fields.clone(),
+            key,
+            args_json,
+        })
+    }
+}
+
+/// [`Tool::begin`]'s work.
+#[derive(Debug)]
+pub struct Begin {
+    store: idem_embed::Store,
+    tool: String,
+    policy: ToolPolicy,
+    fields: Option<KeyFields>,
+    key: String,
+    args_json: String,
+}
+
+impl Task for Begin {
+    type Output = Started;
+    type JsValue = BeginOutcome;
+
+    fn compute(&mut self) -> napi::Result<Started> {
+        begin(
+            &self.store,
+            &self.key,
+            &self.tool,
+            &self.args_json,
+            self.fields.as_ref(),
+            &self.policy,
+        )
+    }
+
+    fn resolve(&mut self, _env: Env, started: Started) -> napi::Result<BeginOutcome> {
+        Ok(outcome(started, false))
+    }
+}
+
+fn inline_only(store: &Store) -> napi::Result<()> {
+    if store.inline {
+        Ok(())
+    } else {
+        Err(js_error(
+            "invalid",
+            "calls on this thread are for memory: stores; a store with I/O must use begin",
+        ))
+    }
+}
+
+fn begin(
+    store: &idem_embed::Store,
+    key: &str,
+    tool: &str,
+    args_json: &str,
+    fields: Option<&KeyFields>,
+    policy: &ToolPolicy,
+) -> napi::Result<Started> {
+    let args: serde_json::Value = serde_json::from_str(args_json)
+        .map_err(|e| js_error("invalid", format!("the arguments are not JSON: {e}")))?;
+    store
+        .begin(key, tool, &args, fields, policy)
+        .map_err(|e: EmbedError| embed_error(&e))
+}
+
+/// `inline`: the ticket may be finished on the calling thread (a `memory:` store).
+fn outcome(started: Started, inline: bool) -> BeginOutcome {
+    match started {
+        Started::Execute(ticket) => BeginOutcome {
+            kind: "execute".into(),
+            ticket: Some(Ticket::new(ticket, inline)),
+            ..BeginOutcome::default()
+        },
+        Started::Prior(p) => BeginOutcome {
+            kind: match p.kind {
+                PriorKind::Replayed => "replayed",
+                PriorKind::InFlight => "in_flight",
+                PriorKind::Mismatch => "mismatch",
+                PriorKind::Unknown => "unknown",
+                PriorKind::Found => "found",
+            }
+            .into(),
+            ticket: None,
+            key: None,
+            state: Some(p.state.into()),
+            status: p.status.map(u32::from),
+            body: p.body.map(Buffer::from),
+            // Lengths and counts are far below 2^53.
+            #[allow(clippy::cast_precision_loss)]
+            omitted_len: p.omitted_len.map(|n| n as f64),
+            media_type: p.media_type,
+            attempts: p.attempts,
+            replays: p.replays,
+        },
+    }
+}
+
+/// What `begin` came to: `execute` (run the function, then finish the ticket), or an answer
+/// that runs nothing: `replayed`, `in_flight`, `mismatch`, `unknown`.
+#[napi(object, object_from_js = false)]
+#[derive(Default)]
+pub struct BeginOutcome {
+    /// `execute`, `replayed`, `in_flight`, `mismatch` or `unknown` (or, from
+    /// `deriveAndBeginNow`, `wait`: call `begin` to wait for a duplicate in flight).
+    pub kind: String,
+    /// From `deriveAndBeginNow`: the derived key.
+    pub key: Option<String>,
+    /// With `execute`: the claim to finish.
+    pub ticket: Option<Ticket>,
+    /// The record's state: `in_flight`, `completed` or `abandoned`.
+    pub state: Option<String>,
+    /// The stored status: 200 (returned) or 500 (a kept error).
+    pub status: Option<u32>,
+    /// The stored body, when kept whole.
+    pub body: Option<Buffer>,
+    /// The length of a body kept as a digest only.
+    pub omitted_len: Option<f64>,
+    /// The stored media type.
+    pub media_type: Option<String>,
+    /// How many times an executor took the key.
+    pub attempts: u32,
+    /// How many times the result was replayed before.
+    pub replays: u32,
+}
+
+impl std::fmt::Debug for BeginOutcome {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("BeginOutcome")
+            .field("kind", &self.kind)
+            .field("state", &self.state)
+            .field("status", &self.status)
+            .finish_non_exhaustive()
+    }
+}

@@ -1,0 +1,222 @@
+// idempotent(fn) over the native engine: replays, errors, the scope context, typed errors, and
+// races between worker threads and processes, on memory, SQLite, Redis and PostgreSQL stores.
+import { test } from "node:test";
+import assert from "node:assert/strict";
+import { execFile } from "node:child_process";
+import { join } from "node:path";
+import { promisify } from "node:util";
+import { Worker } from "node:worker_threads";
+
+import {
+  IdemError,
+  InFlightError,
+  KeyMismatchError,
+  OutcomeUnknownError,
+  ResultTooLargeError,
+  Scope,
+  ScopeMissingError,
+  StoreUnavailableError,
+  currentScope,
+  deriveKey,
+  idempotent,
+  withScope,
+} from "../index.js";
+import { REDIS, idemBinary, inspect, postgres, rows, tmp } from "./helpers.mjs";
+
+const run = promisify(execFile);
+
+function counter() {
+  const calls = [];
+  const fn = async (args) => {
+    calls.push(args);
+    return { n: calls.length, echo: args };
+  };
+  return { fn, calls };
+}
+
+let unique = 0;
+const memory = () => `memory:`; // one memory store per process: distinct scopes keep tests apart
+const scopeId = (name) => `${name}-${process.pid}-${++unique}`;
+
+test("a repeated call replays the first result; the function runs once", async () => {
+  const { fn, calls } = counter();
+  const charge = idempotent(fn, { tool: "charge", store: memory() });
+  await withScope(scopeId("replay"), async () => {
+    const a = await charge({ amount: 5 });
+    const b = await charge({ amount: 5 });
+    const c = await charge({ amount: 6 });
+    assert.deepEqual(a, { n: 1, echo: { amount: 5 } });
+    assert.deepEqual(b, a);
+    assert.equal(c.n, 2);
+  });
+  assert.equal(calls.length, 2);
+});
+
+test("a thrown error releases the key by default; keepErrors stores and replays it", async () => {
+  let n = 0;
+  const flaky = idempotent(async () => {
+    n++;
+    if (n === 1) throw new Error("transient");
+    return n;
+  }, { tool: "flaky", store: memory() });
+  await withScope(scopeId("release"), async () => {
+    await assert.rejects(flaky({}), /transient/);
+    assert.equal(await flaky({}), 2);
+  });
+
+  class Declined extends Error {
+    name = "Declined";
+  }
+  let m = 0;
+  const card = idempotent(async () => {
+    m++;
+    throw new Declined("card declined");
+  }, { tool: "card", store: memory(), keepErrors: [Declined] });
+  await withScope(scopeId("keep"), async () => {
+    await assert.rejects(card({}), Declined);
+    await assert.rejects(card({}), (e) => e.name === "Declined" && e.message === "card declined" && e.replayed === true);
+  });
+  assert.equal(m, 1);
+});
+
+test("the scope comes from the option, a function of the arguments, or the context; never invented", async () => {
+  const { fn } = counter();
+  const t = idempotent(fn, { tool: "t", store: memory() });
+  await assert.rejects(t({ a: 1 }), ScopeMissingError);
+  const byArgs = idempotent(fn, { tool: "t", store: memory(), scope: (args) => `order-${args.order}` });
+  const first = await byArgs({ order: scopeId("o") });
+  assert.deepEqual(await byArgs(first.echo), first);
+
+  const scope = new Scope(scopeId("handoff"));
+  const json = JSON.stringify(scope);
+  assert.deepEqual(JSON.parse(json), { idem_scope: scope.id });
+  assert.equal(Scope.from(json).id, scope.id);
+  assert.equal(Scope.from(JSON.parse(json)).id, scope.id);
+  await withScope(scope, async () => {
+    await new Promise((r) => setTimeout(r, 1));
+    assert.equal(currentScope().id, scope.id, "the scope survives awaits and timers");
+  });
+  assert.equal(currentScope(), undefined);
+  assert.throws(() => new Scope(""), TypeError);
+});
+
+test("an explicit idempotency_key is used as is; other arguments under it are a mismatch", async () => {
+  const { fn, calls } = counter();
+  const t = idempotent(fn, { tool: "explicit", store: memory() });
+  const key = `explicit-${scopeId("k")}`;
+  const a = await t({ idempotency_key: key, x: 1 });
+  assert.deepEqual(await t({ idempotency_key: key, x: 1 }), a);
+  await assert.rejects(t({ idempotency_key: key, x: 2 }), (e) => e instanceof KeyMismatchError && e.key === key);
+  assert.equal(calls.length, 1);
+});
+
+test("a duplicate while the first is running: waits for its result, or with wait 0 is told it is in flight", async () => {
+  let release;
+  const gate = new Promise((r) => (release = r));
+  let runs = 0;
+  const slow = async () => {
+    runs++;
+    await gate;
+    return "done";
+  };
+  const waiting = idempotent(slow, { tool: "slow", store: memory() });
+  const impatient = idempotent(slow, { tool: "slow", store: memory(), wait: null });
+  await withScope(scopeId("inflight"), async () => {
+    const first = waiting({});
+    await new Promise((r) => setTimeout(r, 50));
+    await assert.rejects(impatient({}), (e) => e instanceof InFlightError && e instanceof IdemError && typeof e.key === "string");
+    const second = waiting({});
+    release();
+    assert.deepEqual(await Promise.all([first, second]), ["done", "done"]);
+  });
+  assert.equal(runs, 1);
+});
+
+test("a result that cannot be encoded marks the key outcome-unknown; a retry is refused until resolved", async () => {
+  let runs = 0;
+  const t = idempotent(async () => {
+    runs++;
+    return { big: 10n };
+  }, { tool: "unencodable", store: memory() });
+  await withScope(scopeId("unknown"), async () => {
+    await assert.rejects(t({}), /could not be encoded/);
+    await assert.rejects(t({}), (e) => e instanceof OutcomeUnknownError && /idem resolve/.test(e.message));
+  });
+  assert.equal(runs, 1);
+});
+
+test("a result over maxResultBytes is returned once and cannot be replayed", async () => {
+  const t = idempotent(async () => "x".repeat(100), { tool: "big", store: memory(), maxResultBytes: 10 });
+  await withScope(scopeId("big"), async () => {
+    assert.equal((await t({})).length, 100);
+    await assert.rejects(t({}), ResultTooLargeError);
+  });
+});
+
+test("bad declarations fail when wrapping; an unusable store fails closed", async () => {
+  assert.throws(() => idempotent(async () => 1), /no name/);
+  assert.throws(() => idempotent(async function t() {}, { keyfields: ["a"] }), /unknown option keyfields/);
+  assert.throws(() => idempotent(async function t() {}, { lease: 1 }), /lease/);
+  assert.throws(() => idempotent(async function t() {}, { onAbandoned: "maybe" }), TypeError);
+  assert.throws(() => idempotent(async function t() {}, { keyFields: ["a..b"] }), /malformed/);
+  let ran = false;
+  const t = idempotent(async () => (ran = true), { tool: "t", store: "postgres://postgres@127.0.0.1:1/none", scope: "s" });
+  await assert.rejects(t({}), StoreUnavailableError);
+  assert.equal(ran, false);
+});
+
+test("a SQLite store: `idem inspect` shows the record of the key the package derived", async (t) => {
+  const dir = tmp(t);
+  const store = `sqlite:${join(dir, "idem.db")}`;
+  const fn = idempotent(async ({ customer }) => ({ ok: customer }), { tool: "add_row", store });
+  await withScope("run-inspect", () => fn({ customer: "c1" }));
+  const key = deriveKey("run-inspect", "add_row", { customer: "c1" });
+  const shown = inspect(key, store);
+  assert.match(shown, /completed/);
+  assert.match(shown, /200/);
+});
+
+// Each run in a schema / key prefix of its own, deleted afterwards.
+const pgSchema = `idem_node_${process.pid}`;
+const redisPrefix = `idem-node-test-${process.pid}`;
+for (const [name, store, cleanup] of [
+  ["redis", `${REDIS}&prefix=${redisPrefix}`, () => run("redis-cli", ["-h", "127.0.0.1", "eval", "for _, p in ipairs(ARGV) do for _, k in ipairs(redis.call('keys', p)) do redis.call('del', k) end end", "0", `${redisPrefix}:*`, `${redisPrefix}#*`])],
+  ["postgres", postgres(pgSchema), () => run("psql", ["-h", "127.0.0.1", "-U", "postgres", "-d", "test", "-c", `DROP SCHEMA IF EXISTS ${pgSchema} CASCADE`])],
+]) {
+  test(`a ${name} store replays`, async (t) => {
+    t.after(cleanup);
+    const { fn, calls } = counter();
+    const t1 = idempotent(fn, { tool: "remote", store });
+    await withScope(scopeId(name), async () => {
+      const a = await t1({ v: 1 });
+      assert.deepEqual(await t1({ v: 1 }), a);
+    });
+    assert.equal(calls.length, 1);
+  });
+}
+
+test("worker threads and two processes racing one intent: one effect, one result for all", async (t) => {
+  const dir = tmp(t);
+  const db = join(dir, "effects.db");
+  rows(db); // the table exists before the racers start
+  const store = `sqlite:${join(dir, "idem.db")}`;
+  const scope = new Scope(scopeId("race"));
+  const job = (who) => ({ who, scope: scope.toJSON(), store, db, customer: "cus_race" });
+  const racer = new URL("./racer.mjs", import.meta.url);
+  const threads = [1, 2, 3].map(
+    (i) =>
+      new Promise((resolve, reject) => {
+        const w = new Worker(racer, { workerData: job(`thread-${i}`) });
+        w.once("message", resolve);
+        w.once("error", reject);
+      }),
+  );
+  const procs = [1, 2].map((i) =>
+    run(process.execPath, [racer.pathname, JSON.stringify(job(`process-${i}`))]).then((r) => JSON.parse(r.stdout)),
+  );
+  const results = await Promise.all([...threads, ...procs]);
+  assert.equal(rows(db).count(), 1, "exactly one row");
+  for (const r of results) assert.deepEqual(r, results[0]);
+  assert.match(inspect(deriveKey(scope.id, "add_row", { customer: "cus_race" }), store), /completed/);
+  assert.ok(idemBinary());
+});

@@ -1,0 +1,62 @@
+// Compiled, never run (`npm run typecheck`): the package's declarations describe the API the
+// README shows, for a TypeScript caller.
+import { tool } from "ai";
+import { z } from "zod";
+import { Client } from "@modelcontextprotocol/sdk/client/index.js";
+
+import {
+  IdemError,
+  InFlightError,
+  OutcomeUnknownError,
+  Scope,
+  currentScope,
+  deriveKey,
+  idemFetch,
+  idempotent,
+  jsonCodec,
+  withScope,
+} from "idem-runtime";
+import { withIdempotency } from "idem-runtime/ai";
+import { idempotentTool } from "idem-runtime/openai-agents";
+import { idempotentClient } from "idem-runtime/mcp";
+import { derive } from "idem-runtime/key";
+
+class Declined extends Error {}
+
+const charge = idempotent(async (args: { customer: string; amount: number }) => ({ id: "ch_1", ...args }), {
+  tool: "charge_card",
+  store: "sqlite:idem.db",
+  keyFields: ["customer", "amount"],
+  keepErrors: [Declined, "RateLimited"],
+  wait: null,
+  codec: jsonCodec,
+});
+
+export async function main(): Promise<string> {
+  const r = await withScope("run-1", () => charge({ customer: "c", amount: 5 }));
+  const id: string = r.id;
+  const s: Scope | undefined = currentScope();
+  const again = Scope.from(JSON.parse(JSON.stringify(new Scope("x"))));
+  try {
+    await charge({ customer: "c", amount: 5 });
+  } catch (e) {
+    if (e instanceof InFlightError || e instanceof OutcomeUnknownError) console.log(e.key);
+    if (e instanceof IdemError) console.log(e.message);
+  }
+  const res: Response = await idemFetch("http://localhost/charge", { idem: { tool: "charge_card", args: { a: 1 }, scope: "run-1" } });
+  const tools = withIdempotency(
+    { add_row: tool({ inputSchema: z.object({ customer: z.string() }), execute: async ({ customer }) => customer }) },
+    { store: "memory:" },
+  );
+  const one = withIdempotency(tool({ inputSchema: z.object({ n: z.number() }), execute: async ({ n }) => n }), { tool: "n" });
+  const agentTool = idempotentTool({
+    name: "add_row",
+    description: "adds a row",
+    parameters: z.object({ customer: z.string() }),
+    execute: async ({ customer }: { customer: string }) => customer,
+    idem: { store: "memory:" },
+  });
+  const client = idempotentClient(new Client({ name: "x", version: "0" }), { tools: { get_balance: "read" } });
+  void [tools, one, agentTool, client, s, again, res];
+  return id + deriveKey("run-1", "t", { a: 1 }) + derive("run-1", "t", { a: 1 });
+}
