@@ -39,7 +39,7 @@ pub mod store;
 
 use std::fmt::Write as _;
 
-use stateright::{Checker, Expectation, Model};
+use stateright::{Checker, Expectation, HasDiscoveries, Model};
 
 pub use model::{Action, Bounds, Exec, Ghost, ProtocolModel, State};
 
@@ -50,41 +50,73 @@ pub struct Report {
     pub unique_states: usize,
     /// Longest path explored.
     pub max_depth: usize,
-    /// One line per property that failed (an `always` with a counterexample, a `sometimes`
-    /// never reached), each followed by its trace.
-    pub failures: Vec<String>,
+    /// The property that failed first (an `always` with a counterexample) and its trace, or
+    /// every `sometimes` never reached.
+    pub failures: Vec<Failure>,
+}
+
+/// A property that failed.
+#[derive(Debug)]
+pub struct Failure {
+    /// The property's name (one of the constants in [`properties`]).
+    pub property: &'static str,
+    /// Steps from the initial state to the state that broke it; `None` for a `sometimes`
+    /// property never reached.
+    pub steps: Option<usize>,
+    /// The trace, readable.
+    pub trace: String,
 }
 
 impl Report {
     /// Panics with every failure and its trace, if any.
     pub fn assert_holds(&self) {
+        let traces: Vec<&str> = self.failures.iter().map(|f| f.trace.as_str()).collect();
         assert!(
-            self.failures.is_empty(),
-            "{} propert{} failed:\n\n{}",
-            self.failures.len(),
-            if self.failures.len() == 1 { "y" } else { "ies" },
-            self.failures.join("\n")
+            traces.is_empty(),
+            "the protocol broke a property:\n\n{}",
+            traces.join("\n")
         );
     }
 }
 
-/// Explores every state of `model` breadth-first (so each counterexample is a shortest one) and
-/// judges its properties.
+/// Explores every state of `model` breadth-first, on one thread so the search goes level by
+/// level and each run is the same, and judges its properties. It stops at the first state that
+/// breaks an `always` property: its trace is a shortest one, or a step longer (the checker
+/// keeps the last of the violations it finds in one batch of states at one depth).
 pub fn check(model: ProtocolModel) -> Report {
-    let checker = model.checker().threads(threads()).spawn_bfs().join();
+    let checker = model
+        .checker()
+        .finish_when(HasDiscoveries::AnyFailures)
+        .spawn_bfs()
+        .join();
     let discoveries = checker.discoveries();
-    let mut failures = Vec::new();
-    for p in checker.model().properties() {
-        let found = discoveries.get(p.name);
-        match (p.expectation, found) {
-            (Expectation::Always | Expectation::Eventually, Some(path)) => {
-                failures.push(trace(checker.model(), p.name, path.clone()));
-            }
-            (Expectation::Sometimes, None) => {
-                failures.push(format!("never reached: {}\n", p.name));
-            }
-            _ => {}
-        }
+    let props = checker.model().properties();
+    let mut failures: Vec<Failure> = props
+        .iter()
+        .filter(|p| p.expectation != Expectation::Sometimes)
+        .filter_map(|p| {
+            let path = discoveries.get(p.name)?.clone();
+            Some(Failure {
+                property: p.name,
+                steps: Some(path.clone().into_actions().len()),
+                trace: trace(checker.model(), p.name, path),
+            })
+        })
+        .collect();
+    // A search stopped at a failure has not looked everywhere, so only a complete search
+    // reports what it never reached.
+    if failures.is_empty() {
+        failures.extend(
+            props
+                .iter()
+                .filter(|p| p.expectation == Expectation::Sometimes)
+                .filter(|p| !discoveries.contains_key(p.name))
+                .map(|p| Failure {
+                    property: p.name,
+                    steps: None,
+                    trace: format!("never reached: {}\n", p.name),
+                }),
+        );
     }
     Report {
         unique_states: checker.unique_state_count(),
@@ -93,8 +125,18 @@ pub fn check(model: ProtocolModel) -> Report {
     }
 }
 
-fn threads() -> usize {
-    std::thread::available_parallelism().map_or(1, |n| n.get())
+/// Checks each property of `model` on its own: every property that fails, each with its own
+/// shortest trace (used to record what a broken transition breaks; see README.md).
+pub fn check_each(model: &ProtocolModel) -> Vec<Failure> {
+    model
+        .properties()
+        .iter()
+        .flat_map(|p| {
+            let mut one = model.clone();
+            one.only = Some(p.name);
+            check(one).failures
+        })
+        .collect()
 }
 
 /// A counterexample, one numbered step per line with the state it led to.

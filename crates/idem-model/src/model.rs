@@ -54,6 +54,8 @@ pub struct ProtocolModel {
     pub bounds: Bounds,
     /// What a claim of an abandoned record does.
     pub policy: AbandonedPolicy,
+    /// Check only the property of this name (see [`crate::check_each`]).
+    pub only: Option<&'static str>,
     req: ClaimRequest,
 }
 
@@ -72,6 +74,7 @@ impl ProtocolModel {
         ProtocolModel {
             bounds,
             policy,
+            only: None,
             req,
         }
     }
@@ -424,6 +427,12 @@ impl Model for ProtocolModel {
     }
 
     fn actions(&self, s: &State, actions: &mut Vec<Action>) {
+        // A state that breaks a property ends its path. The checker keeps the last path it saw
+        // break a property, and the ghost's flags stay set, so without this the trace reported
+        // would run on past the step that broke the property.
+        if properties::violated(self, s) {
+            return;
+        }
         if s.now < self.bounds.horizon {
             actions.push(Action::Tick);
         }
@@ -474,6 +483,10 @@ impl Model for ProtocolModel {
     }
 
     fn properties(&self) -> Vec<stateright::Property<Self>> {
-        properties::all(self.policy)
+        let mut all = properties::all(self.policy);
+        if let Some(name) = self.only {
+            all.retain(|p| p.name == name);
+        }
+        all
     }
 }

@@ -10,7 +10,7 @@
 
 use idem_core::CompletedBy;
 use idem_core::store::AbandonedPolicy;
-use stateright::Property;
+use stateright::{Expectation, Model, Property};
 
 use crate::model::{Exec, ProtocolModel, State};
 use crate::store::{OPERATOR_RESULT, result_id};
@@ -78,6 +78,13 @@ pub fn all(policy: AbandonedPolicy) -> Vec<Property<ProtocolModel>> {
             })),
     }
     props
+}
+
+/// Whether `s` breaks one of the `always` properties `m` checks.
+pub fn violated(m: &ProtocolModel, s: &State) -> bool {
+    m.properties()
+        .iter()
+        .any(|p| p.expectation == Expectation::Always && !(p.condition)(m, s))
 }
 
 /// At most one executor runs its effect inside a lease it knows to be live. The lease end an

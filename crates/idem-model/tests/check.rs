@@ -40,3 +40,23 @@ fn reject_holds_within_full_bounds() {
 fn retry_holds_within_full_bounds() {
     holds(AbandonedPolicy::Retry, Bounds::FULL);
 }
+
+/// Not a check: prints, for each property under each policy, whether it holds within the small
+/// bounds and the length of its shortest counterexample. Run on a mutated copy of machine.rs to
+/// see what a broken transition breaks (README.md):
+/// `cargo test -p idem-model --test check -- --ignored --nocapture each_property`.
+#[test]
+#[ignore = "a report for mutation runs, not a check"]
+fn each_property() {
+    for policy in [AbandonedPolicy::Reject, AbandonedPolicy::Retry] {
+        let model = ProtocolModel::new(policy, Bounds::SMALL);
+        let failures = idem_model::check_each(&model);
+        for f in &failures {
+            eprintln!("{policy:?}: FAILS {} ({:?} steps)", f.property, f.steps);
+        }
+        if let Some(f) = failures.first() {
+            eprintln!("{}", f.trace);
+        }
+        eprintln!("{policy:?}: {} properties fail", failures.len());
+    }
+}
