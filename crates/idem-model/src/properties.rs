@@ -1,4 +1,4 @@
-//! The properties the checker holds the protocol to ([design §11](../../docs/design.md)).
+//! The properties the checker holds the protocol to ([design §11](docs/design.md#11-properties-and-where-they-are-checked)).
 //!
 //! Most are `always` properties over the state; those about a step (a takeover, a refused
 //! write, a replay) are judged when the step is taken and kept in the state's [`Ghost`], so a
