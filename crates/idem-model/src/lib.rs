@@ -17,7 +17,8 @@
 //! `cargo test -p idem-model` (debug) checks [`Bounds::SMALL`] in seconds; the
 //! [`Bounds::FULL`] checks are `#[ignore]`d in debug builds (`cfg_attr(debug_assertions,
 //! ignore)`) and run with `cargo test -p idem-model --release`. A failing property panics with
-//! the shortest path to it (breadth-first search), every step's action and the state after it.
+//! a path to it ending at the step that broke it (breadth-first, so a short one), every step's
+//! action and the state after it.
 //!
 //! # What it assumes
 //! - The store is linearizable: each call is one atomic step. Backends that are not one
@@ -134,7 +135,7 @@ pub fn check(model: ProtocolModel) -> Report {
 }
 
 /// Checks each property of `model` on its own: every property that fails, each with its own
-/// shortest trace (used to record what a broken transition breaks; see README.md).
+/// trace (used to record what a broken transition breaks; see README.md).
 pub fn check_each(model: &ProtocolModel) -> Vec<Failure> {
     model
         .properties()

@@ -42,7 +42,7 @@ fn retry_holds_within_full_bounds() {
 }
 
 /// Not a check: prints, for each property under each policy, whether it holds within the small
-/// bounds and the length of its shortest counterexample. Run on a mutated copy of machine.rs to
+/// bounds and the length of its counterexample. Run on a mutated copy of machine.rs to
 /// see what a broken transition breaks (README.md):
 /// `cargo test -p idem-model --test check -- --ignored --nocapture each_property`.
 #[test]
