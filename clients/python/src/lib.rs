@@ -166,26 +166,53 @@ impl Store {
         policy: &Policy,
     ) -> PyResult<Py<PyAny>> {
         let args = parse_args(py, args_json)?;
-        let fields = key_fields.map(|f| f.0.clone());
-        let policy = policy.0.clone();
-        let store = self.0.clone();
-        let (key, tool) = (key.to_owned(), tool.to_owned());
+        let fields = key_fields.map(|f| &f.0);
         let started = py
-            .detach(move || store.begin(&key, &tool, &args, fields.as_ref(), &policy))
+            .detach(|| self.0.begin(key, tool, &args, fields, &policy.0))
             .map_err(|e| raise(py, e))?;
-        match started {
-            Started::Execute(t) => Ok(Py::new(py, Ticket(Mutex::new(Some(t))))?.into_any()),
-            Started::Prior(p) => Ok(Py::new(py, Prior(p))?.into_any()),
-        }
+        started_object(py, started)
+    }
+
+    /// One call's start in one crossing: parses the arguments once, derives the key from them
+    /// (or takes `key`, a caller's explicit one), and claims it. Answers `(key, Ticket)` or
+    /// `(key, Prior)`.
+    #[pyo3(signature = (key, scope, tool, args_json, ordinal, secret, key_fields, policy))]
+    #[allow(clippy::too_many_arguments)]
+    fn start(
+        &self,
+        py: Python<'_>,
+        key: Option<&str>,
+        scope: &str,
+        tool: &str,
+        args_json: &str,
+        ordinal: u64,
+        secret: Option<&[u8]>,
+        key_fields: Option<&KeyFields>,
+        policy: &Policy,
+    ) -> PyResult<(String, Py<PyAny>)> {
+        let args = parse_args(py, args_json)?;
+        let fields = key_fields.map(|f| &f.0);
+        let claimed = py
+            .detach(|| {
+                self.0
+                    .start(key, scope, tool, &args, ordinal, secret, fields, &policy.0)
+            })
+            .map_err(|e| raise(py, e))?;
+        Ok((claimed.key, started_object(py, claimed.started)?))
     }
 
     /// The record of `key`, or `None`.
     fn record(&self, py: Python<'_>, key: &str) -> PyResult<Option<Prior>> {
-        let store = self.0.clone();
-        let key = key.to_owned();
-        py.detach(move || store.record(&key))
+        py.detach(|| self.0.record(key))
             .map(|p| p.map(Prior))
             .map_err(|e| raise(py, e))
+    }
+}
+
+fn started_object(py: Python<'_>, started: Started) -> PyResult<Py<PyAny>> {
+    match started {
+        Started::Execute(t) => Ok(Py::new(py, Ticket(Mutex::new(Some(t))))?.into_any()),
+        Started::Prior(p) => Ok(Py::new(py, Prior(p))?.into_any()),
     }
 }
 

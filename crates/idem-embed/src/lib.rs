@@ -23,7 +23,7 @@ pub mod call;
 pub mod fields;
 pub mod host;
 
-pub use call::{Prior, PriorKind, Report, Saved, Started, Store, Ticket, ToolPolicy};
+pub use call::{Claimed, Prior, PriorKind, Report, Saved, Started, Store, Ticket, ToolPolicy};
 pub use fields::{FieldError, KeyFields};
 pub use host::{HostError, host};
 pub use idem_stores::DEFAULT_STORE;

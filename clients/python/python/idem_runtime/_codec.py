@@ -49,13 +49,16 @@ def to_json(value: Any) -> Any:
     raise TypeError(f"{type(value).__name__} is not JSON")
 
 
+_ENCODER = json.JSONEncoder(default=to_json, ensure_ascii=False, separators=(",", ":"))
+
+
 class JsonCodec:
     """The default codec."""
 
     media_type = "application/json"
 
     def encode(self, value: Any) -> bytes:
-        return json.dumps(value, default=to_json, ensure_ascii=False, separators=(",", ":")).encode()
+        return _ENCODER.encode(value).encode()
 
     def decode(self, data: bytes) -> Any:
         return json.loads(data)
