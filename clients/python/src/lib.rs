@@ -12,7 +12,9 @@ use std::time::Duration;
 use idem_embed::{EmbedError, KeyFields as Fields, Prior as NativePrior, Report, Saved, Started};
 use pyo3::exceptions::PyRuntimeError;
 use pyo3::prelude::*;
-use pyo3::types::PyBytes;
+use pyo3::types::{PyBytes, PyString};
+
+mod values;
 
 /// Raises `idem_runtime.errors.<name>(message)`.
 fn typed(py: Python<'_>, name: &str, message: String) -> PyErr {
@@ -173,10 +175,12 @@ impl Store {
         started_object(py, started)
     }
 
-    /// One call's start in one crossing: parses the arguments once, derives the key from them
+    /// One call's start in one crossing: takes the arguments once, derives the key from them
     /// (or takes `key`, a caller's explicit one), and claims it. Answers `(key, Ticket)` or
-    /// `(key, Prior)`.
-    #[pyo3(signature = (key, scope, tool, args_json, ordinal, secret, key_fields, policy))]
+    /// `(key, Prior)`. `args` is JSON text (a `str`) or the bound arguments themselves; for
+    /// the latter it answers `None` when they are not plain types only, and the caller
+    /// passes their JSON text instead.
+    #[pyo3(signature = (key, scope, tool, args, ordinal, secret, key_fields, policy))]
     #[allow(clippy::too_many_arguments)]
     fn start(
         &self,
@@ -184,13 +188,19 @@ impl Store {
         key: Option<&str>,
         scope: &str,
         tool: &str,
-        args_json: &str,
+        args: &Bound<'_, PyAny>,
         ordinal: u64,
         secret: Option<&[u8]>,
         key_fields: Option<&KeyFields>,
         policy: &Policy,
-    ) -> PyResult<(String, Py<PyAny>)> {
-        let args = parse_args(py, args_json)?;
+    ) -> PyResult<Option<(String, Py<PyAny>)>> {
+        let args = match args.cast_exact::<PyString>() {
+            Ok(text) => parse_args(py, &text.to_cow()?)?,
+            Err(_) => match values::plain_value(args) {
+                Some(v) => v,
+                None => return Ok(None),
+            },
+        };
         let fields = key_fields.map(|f| &f.0);
         let claimed = py
             .detach(|| {
@@ -198,7 +208,7 @@ impl Store {
                     .start(key, scope, tool, &args, ordinal, secret, fields, &policy.0)
             })
             .map_err(|e| raise(py, e))?;
-        Ok((claimed.key, started_object(py, claimed.started)?))
+        Ok(Some((claimed.key, started_object(py, claimed.started)?)))
     }
 
     /// The record of `key`, or `None`.

@@ -11,8 +11,7 @@ import unittest
 
 from cli_support import REPO, cli_missing, idem, need
 
-import idem_runtime
-from idem_runtime import KeyDerivationError, Scope, derive_key
+from idem_runtime import KeyDerivationError, Scope, derive_key, idempotent
 
 VECTORS = json.loads((REPO / "docs" / "key-vectors.json").read_text())["vectors"]
 
@@ -122,6 +121,41 @@ def random_args(rng: random.Random) -> dict:
     if rng.random() < 0.2:
         args["idempotency_key"] = "ignored"
     return args
+
+
+class DecoratorKeys(unittest.TestCase):
+    """The decorator hands plain arguments to the native side as objects and anything else
+    as JSON text: both paths must give derive_key's key (and its errors)."""
+
+    def test_random_arguments_by_both_paths(self):
+        import datetime
+        import enum
+
+        class Level(enum.IntEnum):
+            HIGH = 3
+
+        @idempotent(store="memory:", scope="run-dk")
+        def tool(payload, *rest, **extra):
+            return None
+
+        rng = random.Random(99)
+        exotic = [datetime.date(2026, 1, 2), Level.HIGH, {1: "int key"}, (1, "t"), 2**70, float("nan"), "\ud800"]
+        for i in range(400):
+            payload = random_json(rng)
+            if rng.random() < 0.2:
+                payload = [payload, rng.choice(exotic)]
+            extra = {random_string(rng) or "x": random_json(rng) for _ in range(rng.randint(0, 3))}
+            extra.pop("idempotency_key", None)
+            extra.pop("payload", None)
+            expected_args = dict(extra, payload=payload, rest=[])
+            with self.subTest(i=i):
+                try:
+                    expected = derive_key("run-dk", "tool", expected_args)
+                except KeyDerivationError:
+                    with self.assertRaises(KeyDerivationError):
+                        tool(payload, **extra)
+                    continue
+                self.assertEqual(tool.call_with_outcome(payload, **extra)[1].key, expected)
 
 
 @need(cli_missing())

@@ -161,21 +161,20 @@ class _Tool:
             )
         return s.id if isinstance(s, Scope) else str(s)
 
-    def prepare(self, args: tuple, kwargs: dict) -> Tuple[tuple, tuple, dict]:
-        """What the store's ``start`` takes (the arguments' JSON once, the key derived from it
-        natively in the same call), and what to call the function with."""
+    def prepare(self, args: tuple, kwargs: dict) -> Tuple[list, tuple, dict]:
+        """What the store's ``start`` takes (the bound arguments, from which it derives the
+        key natively in the same call), and what to call the function with."""
         explicit = kwargs.get(KEY_ARGUMENT) if kwargs else None
         if explicit is not None and not self.binder.takes_key:
             kwargs = {k: v for k, v in kwargs.items() if k != KEY_ARGUMENT}
         bound = self.binder.bind(args, kwargs)
-        text = args_json(bound)
         if explicit is not None:
             if not isinstance(explicit, str):
                 raise ConfigurationError(f"{KEY_ARGUMENT} must be a string, not {explicit!r}")
             sid = ""
         else:
             sid = self.scope_id(bound)
-        start = (explicit, sid, self.tool, text, self.ordinal, self.secret, self.fields, self.policy)
+        start = [explicit, sid, self.tool, bound, self.ordinal, self.secret, self.fields, self.policy]
         return start, args, kwargs
 
     # -- answers that did not run the function ---------------------------------------------
@@ -277,6 +276,16 @@ class _Tool:
         return saved
 
 
+def _start(store: _native.Store, start: list) -> Tuple[str, Any]:
+    """Claims the call's key: the bound arguments go to the native side as they are when
+    they are plain types (no JSON text made and parsed), as JSON text otherwise."""
+    claimed = store.start(*start)
+    if claimed is None:
+        start[3] = args_json(start[3])
+        claimed = store.start(*start)
+    return claimed
+
+
 def _qualname(cls: type) -> str:
     return f"{cls.__module__}.{cls.__qualname__}"
 
@@ -354,7 +363,7 @@ _Prior = _native.Prior
 def _sync_wrapper(t: _Tool) -> Callable[..., Any]:
     def run(args: tuple, kwargs: dict, with_outcome: bool) -> Any:
         start, args, kwargs = t.prepare(args, kwargs)
-        key, started = t.store().start(*start)
+        key, started = _start(t.store(), start)
         if started.__class__ is _Prior:
             value = t.answer(started, key)
             if with_outcome:
@@ -386,7 +395,7 @@ def _async_wrapper(t: _Tool) -> Callable[..., Any]:
     async def call_with_outcome(*args: Any, **kwargs: Any) -> Tuple[Any, Outcome]:
         start, args, kwargs = t.prepare(args, kwargs)
         store = t.store()
-        key, started = await asyncio.to_thread(store.start, *start)
+        key, started = await asyncio.to_thread(_start, store, start)
         if started.__class__ is _Prior:
             value = t.answer(started, key)
             return value, Outcome(key, True, started.attempts, started.replays)
