@@ -53,18 +53,17 @@ fn value(obj: &Bound<'_, PyAny>, depth: u32) -> Option<Value> {
         return Some(Value::Object(map));
     }
     if let Ok(l) = obj.cast_exact::<PyList>() {
-        return l
-            .iter()
-            .map(|v| value(&v, depth + 1))
-            .collect::<Option<_>>()
-            .map(Value::Array);
+        return array(l.iter(), depth);
     }
     if let Ok(t) = obj.cast_exact::<PyTuple>() {
-        return t
-            .iter()
-            .map(|v| value(&v, depth + 1))
-            .collect::<Option<_>>()
-            .map(Value::Array);
+        return array(t.iter(), depth);
     }
     None
+}
+
+fn array<'py>(items: impl Iterator<Item = Bound<'py, PyAny>>, depth: u32) -> Option<Value> {
+    items
+        .map(|v| value(&v, depth + 1))
+        .collect::<Option<_>>()
+        .map(Value::Array)
 }

@@ -23,6 +23,7 @@ use serde_json::Value;
 use crate::{
     EmbedError, KeyFields,
     host::{Host, fresh_tokens, host},
+    key_args,
 };
 
 /// The status of a result the function returned.
@@ -155,10 +156,8 @@ impl Store {
         policy: &ToolPolicy,
     ) -> Result<Started, EmbedError> {
         let key = Key::new(key)?;
-        let fingerprint = match fields {
-            Some(f) => Fingerprint::json_call(tool, &f.select(args)?),
-            None => Fingerprint::json_call(tool, args),
-        };
+        let args = key_args(args, fields)?;
+        let fingerprint = Fingerprint::json_call(tool, &args);
         self.claim(key, fingerprint, policy)
     }
 
@@ -178,20 +177,13 @@ impl Store {
         fields: Option<&KeyFields>,
         policy: &ToolPolicy,
     ) -> Result<Claimed, EmbedError> {
-        let selected;
-        let args = match fields {
-            Some(f) => {
-                selected = f.select(args)?;
-                &selected
-            }
-            None => args,
-        };
+        let args = key_args(args, fields)?;
         let key = match key {
             Some(k) => Key::new(k)?,
-            None => idem_keys::derive(scope, tool, args, ordinal, secret)?,
+            None => idem_keys::derive(scope, tool, &args, ordinal, secret)?,
         };
         let text = key.as_str().to_owned();
-        let started = self.claim(key, Fingerprint::json_call(tool, args), policy)?;
+        let started = self.claim(key, Fingerprint::json_call(tool, &args), policy)?;
         Ok(Claimed { key: text, started })
     }
 
