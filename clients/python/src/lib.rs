@@ -1,8 +1,9 @@
 //! The native half of the `idem-runtime` Python package: idem's engine and stores, through
 //! [`idem_embed`], with the GIL released whenever the engine or a store is waited on.
 //!
-//! Only plain values cross: JSON text for arguments (the Python side serialises them, so
-//! Python's own types never reach Rust), bytes for encoded results. Errors are the package's
+//! Only plain values cross: arguments as JSON text, or on a call's hot path as the plain
+//! Python types JSON has (read by `values.rs`; anything else is serialised by the Python
+//! side first, so no other Python type is interpreted in Rust), bytes for encoded results. Errors are the package's
 //! typed exceptions from `idem_runtime.errors`, so a caller catches one hierarchy whether the
 //! error came from Python or from here.
 

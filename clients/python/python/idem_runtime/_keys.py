@@ -2,7 +2,8 @@
 
 The derivation itself is native (``idem/v1``, crates/idem-keys, through idem-embed): the
 same code as the Rust CLI's ``idem key`` and the Node package, reproducing
-docs/key-vectors.json. Python only turns arguments into JSON text.
+docs/key-vectors.json. Python only binds the arguments and, when they are not plain JSON
+types (which the native side reads directly), turns them into JSON text.
 """
 
 from __future__ import annotations
