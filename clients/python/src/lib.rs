@@ -3,9 +3,9 @@
 //!
 //! Only plain values cross: arguments as JSON text, or on a call's hot path as the plain
 //! Python types JSON has (read by `values.rs`; anything else is serialised by the Python
-//! side first, so no other Python type is interpreted in Rust), bytes for encoded results. Errors are the package's
-//! typed exceptions from `idem_runtime.errors`, so a caller catches one hierarchy whether the
-//! error came from Python or from here.
+//! side first, so no other Python type is interpreted in Rust), bytes for encoded results.
+//! Errors are the package's typed exceptions from `idem_runtime.errors`, so a caller catches
+//! one hierarchy whether the error came from Python or from here.
 
 use std::sync::Mutex;
 use std::time::Duration;
