@@ -12,20 +12,14 @@ import importlib
 import os
 import pathlib
 import sqlite3
+import sys
 import tempfile
 import unittest
 
-REPO = pathlib.Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent / "tests"))
+from cli_support import idem_binary  # noqa: E402  (shared with the package's tests)
+
 REQUIRED = os.environ.get("IDEM_REQUIRE_SERVICES") == "1"
-
-
-def idem_binary():
-    if os.environ.get("IDEM_BIN"):
-        return pathlib.Path(os.environ["IDEM_BIN"])
-    target = pathlib.Path(os.environ.get("CARGO_TARGET_DIR") or REPO / "target")
-    if not target.is_absolute():
-        target = REPO / target
-    return target / "debug" / "idem"
 
 
 def missing_for(modules, hint):

@@ -1,10 +1,11 @@
 //! The native half of the `idem-runtime` Python package: idem's engine and stores, through
 //! [`idem_embed`], with the GIL released whenever the engine or a store is waited on.
 //!
-//! Only plain values cross: JSON text for arguments (the Python side serialises them, so
-//! Python's own types never reach Rust), bytes for encoded results. Errors are the package's
-//! typed exceptions from `idem_runtime.errors`, so a caller catches one hierarchy whether the
-//! error came from Python or from here.
+//! Only plain values cross: arguments as JSON text, or on a call's hot path as the plain
+//! Python types JSON has (read by `values.rs`; anything else is serialised by the Python
+//! side first, so no other Python type is interpreted in Rust), bytes for encoded results.
+//! Errors are the package's typed exceptions from `idem_runtime.errors`, so a caller catches
+//! one hierarchy whether the error came from Python or from here.
 
 use std::sync::Mutex;
 use std::time::Duration;
@@ -12,7 +13,9 @@ use std::time::Duration;
 use idem_embed::{EmbedError, KeyFields as Fields, Prior as NativePrior, Report, Saved, Started};
 use pyo3::exceptions::PyRuntimeError;
 use pyo3::prelude::*;
-use pyo3::types::PyBytes;
+use pyo3::types::{PyBytes, PyString};
+
+mod values;
 
 /// Raises `idem_runtime.errors.<name>(message)`.
 fn typed(py: Python<'_>, name: &str, message: String) -> PyErr {
@@ -166,26 +169,61 @@ impl Store {
         policy: &Policy,
     ) -> PyResult<Py<PyAny>> {
         let args = parse_args(py, args_json)?;
-        let fields = key_fields.map(|f| f.0.clone());
-        let policy = policy.0.clone();
-        let store = self.0.clone();
-        let (key, tool) = (key.to_owned(), tool.to_owned());
+        let fields = key_fields.map(|f| &f.0);
         let started = py
-            .detach(move || store.begin(&key, &tool, &args, fields.as_ref(), &policy))
+            .detach(|| self.0.begin(key, tool, &args, fields, &policy.0))
             .map_err(|e| raise(py, e))?;
-        match started {
-            Started::Execute(t) => Ok(Py::new(py, Ticket(Mutex::new(Some(t))))?.into_any()),
-            Started::Prior(p) => Ok(Py::new(py, Prior(p))?.into_any()),
-        }
+        started_object(py, started)
+    }
+
+    /// One call's start in one crossing: takes the arguments once, derives the key from them
+    /// (or takes `key`, a caller's explicit one), and claims it. Answers `(key, Ticket)` or
+    /// `(key, Prior)`. `args` is JSON text (a `str`) or the bound arguments themselves; for
+    /// the latter it answers `None` when they are not plain types only, and the caller
+    /// passes their JSON text instead.
+    #[pyo3(signature = (key, scope, tool, args, ordinal, secret, key_fields, policy))]
+    #[allow(clippy::too_many_arguments)]
+    fn start(
+        &self,
+        py: Python<'_>,
+        key: Option<&str>,
+        scope: &str,
+        tool: &str,
+        args: &Bound<'_, PyAny>,
+        ordinal: u64,
+        secret: Option<&[u8]>,
+        key_fields: Option<&KeyFields>,
+        policy: &Policy,
+    ) -> PyResult<Option<(String, Py<PyAny>)>> {
+        let args = match args.cast_exact::<PyString>() {
+            Ok(text) => parse_args(py, &text.to_cow()?)?,
+            Err(_) => match values::plain_value(args) {
+                Some(v) => v,
+                None => return Ok(None),
+            },
+        };
+        let fields = key_fields.map(|f| &f.0);
+        let claimed = py
+            .detach(|| {
+                self.0
+                    .start(key, scope, tool, &args, ordinal, secret, fields, &policy.0)
+            })
+            .map_err(|e| raise(py, e))?;
+        Ok(Some((claimed.key, started_object(py, claimed.started)?)))
     }
 
     /// The record of `key`, or `None`.
     fn record(&self, py: Python<'_>, key: &str) -> PyResult<Option<Prior>> {
-        let store = self.0.clone();
-        let key = key.to_owned();
-        py.detach(move || store.record(&key))
+        py.detach(|| self.0.record(key))
             .map(|p| p.map(Prior))
             .map_err(|e| raise(py, e))
+    }
+}
+
+fn started_object(py: Python<'_>, started: Started) -> PyResult<Py<PyAny>> {
+    match started {
+        Started::Execute(t) => Ok(Py::new(py, Ticket(Mutex::new(Some(t))))?.into_any()),
+        Started::Prior(p) => Ok(Py::new(py, Prior(p))?.into_any()),
     }
 }
 

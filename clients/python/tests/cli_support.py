@@ -22,11 +22,15 @@ _built_in_place = any((PACKAGE / "idem_runtime").glob("_native*.so")) or any(
 if _built_in_place and str(PACKAGE) not in sys.path and os.environ.get("IDEM_TEST_INSTALLED") != "1":
     sys.path.insert(0, str(PACKAGE))
 
-# The one-file tests beside the package (test_mcp_proxy.py) hold the one place that finds
-# the idem binary.
-if str(HERE.parent) not in sys.path:
-    sys.path.append(str(HERE.parent))
-from test_mcp_proxy import idem_binary  # noqa: E402
+
+def idem_binary() -> pathlib.Path:
+    """$IDEM_BIN, else target/debug/idem under $CARGO_TARGET_DIR or the repository."""
+    if os.environ.get("IDEM_BIN"):
+        return pathlib.Path(os.environ["IDEM_BIN"])
+    target = pathlib.Path(os.environ.get("CARGO_TARGET_DIR") or REPO / "target")
+    if not target.is_absolute():
+        target = REPO / target
+    return target / "debug" / "idem"
 
 
 def need(why_missing):

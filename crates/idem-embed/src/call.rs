@@ -10,16 +10,21 @@
 //! | [`RETURNED`] (200) | the function returned; the body is its encoded value |
 //! | [`RAISED`] (500) | the function raised an error the tool keeps; the body describes it |
 
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use idem_core::{
-    AbandonedPolicy, Answer, Begun, Effect, Execution, Fingerprint, Kept, Key, Policy, Record,
-    Scope, StoredBody, StoredResponse,
+    AbandonedPolicy, Answer, Begun, Effect, Engine, Execution, Fingerprint, Kept, Key, Policy,
+    Record, Scope, StoredBody, StoredResponse,
 };
 use idem_stores::{AnyStore, StoreUrl, redact};
 use serde_json::Value;
 
-use crate::{EmbedError, KeyFields, host::host};
+use crate::{
+    EmbedError, KeyFields,
+    host::{Host, fresh_tokens, host},
+    key_args,
+};
 
 /// The status of a result the function returned.
 pub const RETURNED: u16 = 200;
@@ -74,12 +79,31 @@ impl Default for ToolPolicy {
     }
 }
 
-/// A store by URL. It holds only the URL: the engine behind it is the process's
-/// ([`crate::host`]), looked up on each call, so a value made before `fork()` works in the
-/// child too.
+/// A store by URL. The engine behind it is the process's ([`crate::host`]); the store keeps
+/// a handle to it so a call skips the host's lock and map, and checks the process id on each
+/// call, so a value made before `fork()` looks the child's own engine up instead of using the
+/// parent's (whose threads do not exist in the child).
 #[derive(Debug, Clone)]
 pub struct Store {
     url: String,
+    bound: Arc<Mutex<Option<Bound>>>,
+}
+
+/// The engine a [`Store`] last used, and the process it belongs to.
+#[derive(Debug, Clone)]
+struct Bound {
+    pid: u32,
+    host: Arc<Host>,
+    engine: Engine<AnyStore>,
+}
+
+/// What [`Store::start`] derived and began.
+#[derive(Debug)]
+pub struct Claimed {
+    /// The key: the one given, or the one derived.
+    pub key: String,
+    /// What the claim came to.
+    pub started: Started,
 }
 
 impl Store {
@@ -87,10 +111,31 @@ impl Store {
     /// to PostgreSQL or Redis), so that a wrong URL fails here and not at the first call.
     pub fn open(url: &str) -> Result<Self, EmbedError> {
         let _: StoreUrl = url.parse()?;
-        host()?.engine(url)?;
-        Ok(Store {
+        let store = Store {
             url: url.to_owned(),
-        })
+            bound: Arc::new(Mutex::new(None)),
+        };
+        store.bound()?;
+        Ok(store)
+    }
+
+    /// This process's host and engine for the URL: the cached pair, or (first call, or first
+    /// call after a fork) the host's.
+    fn bound(&self) -> Result<Bound, EmbedError> {
+        let pid = std::process::id();
+        fresh_tokens(pid)?;
+        let mut cached = self.bound.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(b) = cached.as_ref().filter(|b| b.pid == pid) {
+            return Ok(b.clone());
+        }
+        let host = host()?;
+        let engine = host.engine(&self.url)?;
+        let b = Bound { pid, host, engine };
+        // A pair inherited by fork is leaked, as the host leaks its own (see crate::host).
+        if let Some(inherited) = cached.replace(b.clone()) {
+            std::mem::forget(inherited);
+        }
+        Ok(b)
     }
 
     /// The URL with any password replaced, for messages.
@@ -111,15 +156,47 @@ impl Store {
         policy: &ToolPolicy,
     ) -> Result<Started, EmbedError> {
         let key = Key::new(key)?;
-        let fingerprint = match fields {
-            Some(f) => Fingerprint::json_call(tool, &f.select(args)?),
-            None => Fingerprint::json_call(tool, args),
+        let args = key_args(args, fields)?;
+        let fingerprint = Fingerprint::json_call(tool, &args);
+        self.claim(key, fingerprint, policy)
+    }
+
+    /// One call's whole start, for a binding's hot path: selects the key fields once, derives
+    /// the key from them (unless `key` is given: a caller's explicit key is used as is), takes
+    /// the fingerprint from the same selection, and claims the key. The same as
+    /// [`crate::derive_key`] followed by [`Store::begin`], without selecting twice.
+    #[allow(clippy::too_many_arguments)]
+    pub fn start(
+        &self,
+        key: Option<&str>,
+        scope: &str,
+        tool: &str,
+        args: &Value,
+        ordinal: u64,
+        secret: Option<&[u8]>,
+        fields: Option<&KeyFields>,
+        policy: &ToolPolicy,
+    ) -> Result<Claimed, EmbedError> {
+        let args = key_args(args, fields)?;
+        let key = match key {
+            Some(k) => Key::new(k)?,
+            None => idem_keys::derive(scope, tool, &args, ordinal, secret)?,
         };
-        let host = host()?;
-        let engine = host.engine(&self.url)?;
+        let text = key.as_str().to_owned();
+        let started = self.claim(key, Fingerprint::json_call(tool, &args), policy)?;
+        Ok(Claimed { key: text, started })
+    }
+
+    fn claim(
+        &self,
+        key: Key,
+        fingerprint: Fingerprint,
+        policy: &ToolPolicy,
+    ) -> Result<Started, EmbedError> {
+        let Bound { host, engine, .. } = self.bound()?;
         let begun = host.block_on(engine.begin::<()>(tool_scope(), key, fingerprint, &policy.0))?;
         Ok(match begun {
-            Begun::Execute(execution) => Started::Execute(Ticket { execution }),
+            Begun::Execute(execution) => Started::Execute(Ticket { execution, host }),
             Begun::Answered(answer) => Started::Prior(Prior::of(answer)),
         })
     }
@@ -128,8 +205,7 @@ impl Store {
     /// (or it expired).
     pub fn record(&self, key: &str) -> Result<Option<Prior>, EmbedError> {
         let key = Key::new(key)?;
-        let host = host()?;
-        let engine = host.engine(&self.url)?;
+        let Bound { host, engine, .. } = self.bound()?;
         let scope = tool_scope();
         let record = host.block_on(idem_core::Store::get(engine.store(), &scope, &key))?;
         Ok(record.map(|r| Prior::from_record(PriorKind::Found, r)))
@@ -151,6 +227,7 @@ pub enum Started {
 #[derive(Debug)]
 pub struct Ticket {
     execution: Execution<AnyStore>,
+    host: Arc<Host>,
 }
 
 /// What the function did.
@@ -203,18 +280,20 @@ impl Ticket {
             Report::NotRun => Effect::NotSent,
             Report::Unknown => Effect::Unknown,
         };
-        let host = host()?;
-        Ok(match host.block_on(self.execution.finish(effect, ())) {
-            Answer::Executed { kept, .. } => match kept {
-                Kept::Stored => Saved::Stored,
-                Kept::Released => Saved::Released,
-                Kept::Lost(e) => Saved::Lost(e.to_string()),
+        // The host that began it: a ticket never crosses a fork (the child has no heartbeat).
+        Ok(
+            match self.host.block_on(self.execution.finish(effect, ())) {
+                Answer::Executed { kept, .. } => match kept {
+                    Kept::Stored => Saved::Stored,
+                    Kept::Released => Saved::Released,
+                    Kept::Lost(e) => Saved::Lost(e.to_string()),
+                },
+                Answer::NotSent(()) => Saved::Released,
+                Answer::Unknown(()) => Saved::MarkedUnknown,
+                // `finish` answers only for an execution; keep the result's fate honest anyway.
+                other => Saved::Lost(format!("unexpected answer {:?}", other.outcome())),
             },
-            Answer::NotSent(()) => Saved::Released,
-            Answer::Unknown(()) => Saved::MarkedUnknown,
-            // `finish` answers only for an execution; keep the result's fate honest anyway.
-            other => Saved::Lost(format!("unexpected answer {:?}", other.outcome())),
-        })
+        )
     }
 }
 

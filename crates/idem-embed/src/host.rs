@@ -12,7 +12,14 @@
 //! parent. The child must not touch them. Each call checks the process id; a child builds a
 //! runtime and opens its stores anew, and the parent's copies are leaked on purpose (dropping
 //! them would wait for threads that do not exist in the child).
+//!
+//! The forking thread's random generator is inherited too: rand's `ThreadRng` (0.9) has no
+//! fork protection, so parent and child would draw the same fencing tokens, and two
+//! executors holding one token cannot be told apart (16 forked children all "won" one
+//! PostgreSQL claim before this). [`fresh_tokens`] reseeds a thread's generator the first
+//! time the thread calls in a process.
 
+use std::cell::Cell;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
@@ -39,6 +46,23 @@ static CURRENT: Mutex<Option<Arc<Host>>> = Mutex::new(None);
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     // A panic while holding these locks leaves nothing half-written (an insert or a swap).
     m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+thread_local! {
+    /// The process in which this thread's random generator was last seeded by us.
+    static SEEDED_IN: Cell<u32> = const { Cell::new(0) };
+}
+
+/// Reseeds this thread's random generator (the fencing tokens' source) from the OS unless it
+/// was already reseeded in this process `pid`: after a fork, the forking thread's generator
+/// is the parent's, state and all. Cheap after the first call on a thread.
+pub(crate) fn fresh_tokens(pid: u32) -> Result<(), HostError> {
+    if SEEDED_IN.with(Cell::get) == pid {
+        return Ok(());
+    }
+    rand::rng().reseed().map_err(std::io::Error::other)?;
+    SEEDED_IN.with(|s| s.set(pid));
+    Ok(())
 }
 
 /// This process's host, started on first use and again in a forked child.

@@ -23,7 +23,7 @@ pub mod call;
 pub mod fields;
 pub mod host;
 
-pub use call::{Prior, PriorKind, Report, Saved, Started, Store, Ticket, ToolPolicy};
+pub use call::{Claimed, Prior, PriorKind, Report, Saved, Started, Store, Ticket, ToolPolicy};
 pub use fields::{FieldError, KeyFields};
 pub use host::{HostError, host};
 pub use idem_stores::DEFAULT_STORE;
@@ -74,13 +74,18 @@ pub fn derive_key(
     secret: Option<&[u8]>,
     fields: Option<&KeyFields>,
 ) -> Result<idem_core::Key, EmbedError> {
-    let selected;
-    let args = match fields {
-        Some(f) => {
-            selected = f.select(args)?;
-            &selected
-        }
-        None => args,
-    };
-    Ok(idem_keys::derive(scope, tool, args, ordinal, secret)?)
+    let args = key_args(args, fields)?;
+    Ok(idem_keys::derive(scope, tool, &args, ordinal, secret)?)
+}
+
+/// What a key and its fingerprint are taken over: the key fields' selection, or the whole
+/// arguments.
+pub(crate) fn key_args<'a>(
+    args: &'a serde_json::Value,
+    fields: Option<&KeyFields>,
+) -> Result<std::borrow::Cow<'a, serde_json::Value>, FieldError> {
+    Ok(match fields {
+        Some(f) => std::borrow::Cow::Owned(f.select(args)?),
+        None => std::borrow::Cow::Borrowed(args),
+    })
 }

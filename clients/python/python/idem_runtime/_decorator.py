@@ -147,6 +147,8 @@ class _Tool:
 
     def scope_id(self, bound: dict) -> str:
         s = self.scope
+        if s.__class__ is str:
+            return s  # type: ignore[return-value]
         if callable(s) and not isinstance(s, Scope):
             s = s(bound)
         if s is None:
@@ -159,29 +161,29 @@ class _Tool:
             )
         return s.id if isinstance(s, Scope) else str(s)
 
-    def prepare(self, args: tuple, kwargs: dict) -> Tuple[str, str, tuple, dict]:
-        """The key, the arguments' JSON, and what to call the function with."""
-        explicit = kwargs.get(KEY_ARGUMENT)
+    def prepare(self, args: tuple, kwargs: dict) -> Tuple[list, tuple, dict]:
+        """What the store's ``start`` takes (the bound arguments, from which it derives the
+        key natively in the same call), and what to call the function with."""
+        explicit = kwargs.get(KEY_ARGUMENT) if kwargs else None
         if explicit is not None and not self.binder.takes_key:
             kwargs = {k: v for k, v in kwargs.items() if k != KEY_ARGUMENT}
         bound = self.binder.bind(args, kwargs)
-        text = args_json(bound)
         if explicit is not None:
             if not isinstance(explicit, str):
                 raise ConfigurationError(f"{KEY_ARGUMENT} must be a string, not {explicit!r}")
-            key = explicit
+            sid = ""
         else:
-            key = _native.derive_key(
-                self.scope_id(bound), self.tool, text, self.ordinal, self.secret, self.fields
-            )
-        return key, text, args, kwargs
+            sid = self.scope_id(bound)
+        start = [explicit, sid, self.tool, bound, self.ordinal, self.secret, self.fields, self.policy]
+        return start, args, kwargs
 
     # -- answers that did not run the function ---------------------------------------------
 
     def answer(self, prior: Any, key: str) -> Any:
         kind = prior.kind
         if kind == "replayed":
-            log.info("idem: %s replayed %s (replay %d)", self.tool, key, prior.replays + 1)
+            if log.isEnabledFor(logging.INFO):
+                log.info("idem: %s replayed %s (replay %d)", self.tool, key, prior.replays + 1)
             if prior.body is None:
                 raise ResultTooLargeError(
                     f"{self.tool} ran for idempotency key {key}, but its result was "
@@ -274,6 +276,16 @@ class _Tool:
         return saved
 
 
+def _start(store: _native.Store, start: list) -> Tuple[str, Any]:
+    """Claims the call's key: the bound arguments go to the native side as they are when
+    they are plain types (no JSON text made and parsed), as JSON text otherwise."""
+    claimed = store.start(*start)
+    if claimed is None:
+        start[3] = args_json(start[3])
+        claimed = store.start(*start)
+    return claimed
+
+
 def _qualname(cls: type) -> str:
     return f"{cls.__module__}.{cls.__qualname__}"
 
@@ -345,24 +357,32 @@ def idempotent(
     return decorate(fn) if fn is not None else decorate
 
 
+_Prior = _native.Prior
+
+
 def _sync_wrapper(t: _Tool) -> Callable[..., Any]:
-    def call_with_outcome(*args: Any, **kwargs: Any) -> Tuple[Any, Outcome]:
-        key, text, args, kwargs = t.prepare(args, kwargs)
-        started = t.store().begin(key, t.tool, text, t.fields, t.policy)
-        if isinstance(started, _native.Prior):
+    def run(args: tuple, kwargs: dict, with_outcome: bool) -> Any:
+        start, args, kwargs = t.prepare(args, kwargs)
+        key, started = _start(t.store(), start)
+        if started.__class__ is _Prior:
             value = t.answer(started, key)
-            return value, Outcome(key, True, started.attempts, started.replays)
+            if with_outcome:
+                return value, Outcome(key, True, started.attempts, started.replays)
+            return value
         try:
             result = t.fn(*args, **kwargs)
         except BaseException as e:
             t.settle_error(started, e)
             raise
         saved = t.settle_result(started, key, result)
-        return result, Outcome(key, False, saved=saved)
+        return (result, Outcome(key, False, saved=saved)) if with_outcome else result
+
+    def call_with_outcome(*args: Any, **kwargs: Any) -> Tuple[Any, Outcome]:
+        return run(args, kwargs, True)  # type: ignore[no-any-return]
 
     @functools.wraps(t.fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
-        return call_with_outcome(*args, **kwargs)[0]
+        return run(args, kwargs, False)
 
     wrapper.call_with_outcome = call_with_outcome  # type: ignore[attr-defined]
     wrapper.idem_tool = t  # type: ignore[attr-defined]
@@ -373,10 +393,10 @@ def _async_wrapper(t: _Tool) -> Callable[..., Any]:
     # The engine's blocking halves run in a worker thread (the GIL released inside), so the
     # event loop goes on while a store answers or a duplicate is waited for.
     async def call_with_outcome(*args: Any, **kwargs: Any) -> Tuple[Any, Outcome]:
-        key, text, args, kwargs = t.prepare(args, kwargs)
+        start, args, kwargs = t.prepare(args, kwargs)
         store = t.store()
-        started = await asyncio.to_thread(store.begin, key, t.tool, text, t.fields, t.policy)
-        if isinstance(started, _native.Prior):
+        key, started = await asyncio.to_thread(_start, store, start)
+        if started.__class__ is _Prior:
             value = t.answer(started, key)
             return value, Outcome(key, True, started.attempts, started.replays)
         try:

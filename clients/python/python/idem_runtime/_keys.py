@@ -2,14 +2,14 @@
 
 The derivation itself is native (``idem/v1``, crates/idem-keys, through idem-embed): the
 same code as the Rust CLI's ``idem key`` and the Node package, reproducing
-docs/key-vectors.json. Python only turns arguments into JSON text.
+docs/key-vectors.json. Python only binds the arguments and, when they are not plain JSON
+types (which the native side reads directly), turns them into JSON text.
 """
 
 from __future__ import annotations
 
 import inspect
 import json
-import math
 from typing import Any, Callable, Iterable, Mapping, Optional, Sequence, Union
 
 from . import _native
@@ -20,17 +20,18 @@ from .errors import KeyDerivationError
 KEY_ARGUMENT = "idempotency_key"
 
 
-def _finite(value: Any) -> None:
-    # JSON has no NaN or infinity; json.dumps would write them anyway.
-    if isinstance(value, float) and not math.isfinite(value):
-        raise KeyDerivationError(f"{value} is not a JSON number; it cannot be part of a key")
+# One encoder for every call (``json.dumps`` with options builds one per call). ASCII only, so
+# a lone surrogate reaches the derivation as an escape it can name instead of failing to
+# cross into Rust; no NaN or infinity, which JSON does not have.
+_ENCODER = json.JSONEncoder(
+    default=to_json, ensure_ascii=True, allow_nan=False, separators=(",", ":")
+)
 
 
 def args_json(args: Any) -> str:
-    """Arguments as JSON text for the native side. ASCII only, so a lone surrogate reaches
-    the derivation as an escape it can name instead of failing to cross into Rust."""
+    """Arguments as JSON text for the native side."""
     try:
-        return json.dumps(args, default=to_json, ensure_ascii=True, allow_nan=False, separators=(",", ":"))
+        return _ENCODER.encode(args)
     except (TypeError, ValueError) as e:
         raise KeyDerivationError(
             f"the arguments cannot be part of a key ({e}); make them JSON, or name the ones that "
@@ -68,6 +69,11 @@ def derive_key(
     if isinstance(ordinal, bool) or not isinstance(ordinal, int) or ordinal < 0:
         raise KeyDerivationError(f"ordinal must be an integer from 0 to 2^53, not {ordinal!r}")
     fields = parse_key_fields(key_fields)
+    if fields is not None and isinstance(args, dict):
+        # As the decorator does: only the arguments the fields start at are serialised, so
+        # the others need not be JSON (or keyable) at all.
+        roots = set(field_roots(fields.specs))
+        args = {k: v for k, v in args.items() if k in roots}
     return _native.derive_key(scope, tool, args_json(args), ordinal, secret, fields)
 
 
@@ -75,18 +81,49 @@ class Binder:
     """Turns one call's positional and keyword arguments into the JSON object its key and
     fingerprint are taken over: every parameter by name, defaults applied, ``self``/``cls``
     and ``idempotency_key`` left out, ``**kwargs`` merged in. With key fields, only the
-    top-level arguments they name are serialised, so other arguments need not be JSON."""
+    top-level arguments they name are serialised, so other arguments need not be JSON.
+
+    A plain signature (no ``*args``, ``**kwargs`` or positional-only parameters) is bound by
+    a dictionary walk, on every call of a tool: ``Signature.bind`` costs more than the rest
+    of a replay. Anything else, and any call the walk cannot bind (a missing or unexpected
+    argument), goes through ``Signature.bind``, which also words the ``TypeError``."""
 
     def __init__(self, fn: Callable[..., Any], roots: Optional[Sequence[str]] = None) -> None:
         self.signature = inspect.signature(fn)
         params = list(self.signature.parameters.values())
         self.skip_first = bool(params) and params[0].name in ("self", "cls")
+        self.first = params[0].name if params else None
         self.takes_key = KEY_ARGUMENT in self.signature.parameters or any(
             p.kind is p.VAR_KEYWORD for p in params
         )
         self.roots = set(roots) if roots is not None else None
+        self.plain = all(p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) for p in params)
+        self.positional = tuple(p.name for p in params if p.kind is p.POSITIONAL_OR_KEYWORD)
+        self.names = frozenset(p.name for p in params)
+        self.defaults = tuple((p.name, p.default) for p in params if p.default is not p.empty)
 
     def bind(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> dict:
+        if not self.plain or len(args) > len(self.positional):
+            return self.bind_slow(args, kwargs)
+        out = dict(zip(self.positional, args))
+        for k, v in kwargs.items():
+            if k in out or k not in self.names:
+                return self.bind_slow(args, kwargs)
+            out[k] = v
+        if len(out) < len(self.names):
+            for name, default in self.defaults:
+                if name not in out:
+                    out[name] = default
+            if len(out) < len(self.names):
+                return self.bind_slow(args, kwargs)
+        if self.skip_first:
+            del out[self.first]
+        out.pop(KEY_ARGUMENT, None)
+        if self.roots is not None:
+            out = {k: v for k, v in out.items() if k in self.roots}
+        return out
+
+    def bind_slow(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> dict:
         try:
             bound = self.signature.bind(*args, **kwargs)
         except TypeError as e:
@@ -103,8 +140,6 @@ class Binder:
                 out[name] = list(value) if param.kind is param.VAR_POSITIONAL else value
         if self.roots is not None:
             out = {k: v for k, v in out.items() if k in self.roots}
-        for v in out.values():
-            _finite(v)
         return out
 
 

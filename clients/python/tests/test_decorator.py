@@ -1,0 +1,377 @@
+"""@idempotent's semantics: which exceptions release, keep or mark unknown; key fields; an
+explicit key; a scope handed to another process; a duplicate in flight; on_abandoned."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+import tempfile
+import textwrap
+import threading
+import unittest
+import uuid
+
+from cli_support import subprocess_env
+
+from idem_runtime import (
+    InFlightError,
+    KeyMismatchError,
+    OutcomeUnknownError,
+    ReplayedError,
+    Scope,
+    ScopeMissingError,
+    derive_key,
+    idempotent,
+    scope,
+)
+
+
+class CardDeclined(Exception):
+    def __init__(self, code: str, amount: int) -> None:
+        super().__init__(code, amount)
+        self.code, self.amount = code, amount
+
+
+class Unrebuildable(Exception):
+    def __init__(self, *, code: str) -> None:
+        super().__init__(f"code {code}")
+
+
+def unique() -> str:
+    return "t" + uuid.uuid4().hex[:12]
+
+
+class Exceptions(unittest.TestCase):
+    def test_default_releases_so_the_retry_runs(self):
+        calls = []
+
+        @idempotent(store="memory:", scope=unique())
+        def send(to: str) -> str:
+            calls.append(to)
+            if len(calls) == 1:
+                raise ConnectionError("smtp refused before sending")
+            return "sent"
+
+        with self.assertRaises(ConnectionError):
+            send("a@example.com")
+        value, outcome = send.call_with_outcome("a@example.com")
+        self.assertEqual(value, "sent")
+        self.assertFalse(outcome.replayed)
+        self.assertEqual(calls, ["a@example.com", "a@example.com"])
+        value, outcome = send.call_with_outcome("a@example.com")
+        self.assertTrue(outcome.replayed)
+        self.assertEqual(len(calls), 2)
+
+    def test_a_kept_exception_is_replayed_as_raised(self):
+        calls = []
+
+        @idempotent(store="memory:", scope=unique(), keep_errors=[CardDeclined, Unrebuildable])
+        def charge(amount: int) -> dict:
+            calls.append(amount)
+            if amount > 100:
+                raise CardDeclined("insufficient_funds", amount)
+            raise Unrebuildable(code="x")
+
+        with self.assertRaises(CardDeclined) as first:
+            charge(500)
+        with self.assertRaises(CardDeclined) as again:
+            charge(500)
+        self.assertIsNot(again.exception, first.exception)
+        self.assertEqual((again.exception.code, again.exception.amount), ("insufficient_funds", 500))
+        self.assertEqual(calls, [500])
+        # A class that cannot be rebuilt from its args comes back as ReplayedError, named.
+        with self.assertRaises(Unrebuildable):
+            charge(1)
+        with self.assertRaises(ReplayedError) as cm:
+            charge(1)
+        self.assertTrue(cm.exception.type_name.endswith("Unrebuildable"))
+        self.assertIn("code x", str(cm.exception))
+        self.assertEqual(calls, [500, 1])
+
+    def test_an_unknown_error_makes_the_retry_raise_outcome_unknown(self):
+        calls = []
+
+        @idempotent(store="memory:", scope=unique(), unknown_errors=[TimeoutError])
+        def pay(amount: int) -> str:
+            calls.append(amount)
+            raise TimeoutError("the payment API did not answer")
+
+        with self.assertRaises(TimeoutError):
+            pay(10)
+        with self.assertRaises(OutcomeUnknownError) as cm:
+            pay(10)
+        self.assertEqual(calls, [10])
+        self.assertIn("idem resolve", str(cm.exception))
+        self.assertIn(cm.exception.key, str(cm.exception))
+
+    def test_on_abandoned_retry_runs_again(self):
+        calls = []
+
+        @idempotent(store="memory:", scope=unique(), unknown_errors=[TimeoutError], on_abandoned="retry")
+        def pay(amount: int) -> str:
+            calls.append(amount)
+            if len(calls) == 1:
+                raise TimeoutError("lost")
+            return "paid"
+
+        with self.assertRaises(TimeoutError):
+            pay(10)
+        value, outcome = pay.call_with_outcome(10)
+        self.assertEqual((value, outcome.replayed), ("paid", False))
+        self.assertEqual(calls, [10, 10])
+        self.assertEqual(pay.call_with_outcome(10)[1].replayed, True)
+
+    def test_cancelled_async_call_marks_unknown(self):
+        started = []
+
+        @idempotent(store="memory:", scope=unique())
+        async def pay(amount: int) -> str:
+            started.append(amount)
+            await asyncio.Event().wait()  # never set: cancelled mid-effect
+            return "paid"
+
+        async def scenario():
+            task = asyncio.create_task(pay(5))
+            while not started:
+                await asyncio.sleep(0.01)
+            task.cancel()
+            with self.assertRaises(asyncio.CancelledError):
+                await task
+            with self.assertRaises(OutcomeUnknownError):
+                await pay(5)
+
+        asyncio.run(scenario())
+        self.assertEqual(started, [5])
+
+    def test_async_replays(self):
+        calls = []
+
+        @idempotent(store="memory:", scope=unique())
+        async def pay(amount: int) -> dict:
+            calls.append(amount)
+            return {"paid": amount}
+
+        async def scenario():
+            a = await pay.call_with_outcome(3)
+            b = await pay.call_with_outcome(3)
+            return a, b
+
+        (v1, o1), (v2, o2) = asyncio.run(scenario())
+        self.assertEqual((v1, v2), ({"paid": 3}, {"paid": 3}))
+        self.assertEqual((o1.replayed, o2.replayed, o1.key), (False, True, o2.key))
+        self.assertEqual(calls, [3])
+
+
+class KeyFields(unittest.TestCase):
+    def test_noise_outside_the_fields_is_ignored(self):
+        calls = []
+
+        @idempotent(store="memory:", scope=unique(), key_fields=["customer", "amount"])
+        def charge(customer: str, amount: int, note: str = "", at: object = None) -> int:
+            calls.append(note)
+            return len(calls)
+
+        self.assertEqual(charge("cus_1", 100, note="first wording", at=object()), 1)
+        value, outcome = charge.call_with_outcome("cus_1", 100, note="rephrased by the model")
+        self.assertEqual((value, outcome.replayed), (1, True))
+        self.assertEqual(charge("cus_1", 200, note="x"), 2)  # another intent
+        self.assertEqual(calls, ["first wording", "x"])
+
+    def test_an_explicit_key_with_other_key_fields_is_a_mismatch(self):
+        calls = []
+
+        @idempotent(store="memory:", key_fields=["customer", "amount"])
+        def charge(customer: str, amount: int, note: str = "") -> int:
+            calls.append(amount)
+            return amount
+
+        key = f"{unique()}-charge-explicit"
+        self.assertEqual(charge("cus_1", 100, note="a", idempotency_key=key), 100)
+        # The fingerprint covers the key fields only: other noise under the key replays...
+        self.assertEqual(charge.call_with_outcome("cus_1", 100, note="b", idempotency_key=key)[1].replayed, True)
+        # ...another amount under the same key is refused.
+        with self.assertRaises(KeyMismatchError) as cm:
+            charge("cus_1", 999, idempotency_key=key)
+        self.assertEqual(cm.exception.key, key)
+        self.assertEqual(calls, [100])
+
+    def test_nested_fields(self):
+        @idempotent(store="memory:", scope=unique(), key_fields=["order.id"])
+        def ship(order: dict) -> str:
+            return order["id"]
+
+        _, first = ship.call_with_outcome({"id": "o1", "comment": "a"})
+        _, second = ship.call_with_outcome({"id": "o1", "comment": "b"})
+        self.assertEqual((first.replayed, second.replayed, first.key), (False, True, second.key))
+
+
+class ExplicitKeyAndScope(unittest.TestCase):
+    def test_explicit_key_is_used_as_is_and_not_passed_on(self):
+        seen = []
+
+        @idempotent(store="memory:")
+        def act(x: int) -> int:
+            seen.append(x)
+            return x
+
+        key = f"{unique()}-act-1"
+        value, outcome = act.call_with_outcome(1, idempotency_key=key)
+        self.assertEqual((value, outcome.key), (1, key))
+        self.assertEqual(act.call_with_outcome(1, idempotency_key=key)[1].replayed, True)
+        self.assertEqual(seen, [1])
+
+    def test_a_function_taking_the_key_receives_it(self):
+        @idempotent(store="memory:")
+        def act(x: int, idempotency_key: str = "") -> str:
+            return idempotency_key
+
+        key = f"{unique()}-act-2"
+        self.assertEqual(act(1, idempotency_key=key), key)
+
+    def test_no_scope_is_an_error_that_says_what_to_do(self):
+        @idempotent(store="memory:")
+        def act(x: int) -> int:
+            return x
+
+        with self.assertRaises(ScopeMissingError) as cm:
+            act(1)
+        self.assertIn("scope(", str(cm.exception))
+
+    def test_the_key_is_derive_key_of_the_bound_arguments(self):
+        run = unique()
+
+        @idempotent(store="memory:")
+        def charge(customer: str, amount: int = 5, *, currency: str = "eur") -> None:
+            return None
+
+        with scope(run):
+            _, outcome = charge.call_with_outcome("c", currency="usd")
+        expected = derive_key(run, "charge", {"customer": "c", "amount": 5, "currency": "usd"})
+        self.assertEqual(outcome.key, expected)
+
+    def test_methods_leave_self_out(self):
+        class Mailer:
+            def __init__(self, n):
+                self.n = n
+
+            @idempotent(store="memory:", scope=unique())
+            def send(self, to: str) -> str:
+                return f"{self.n}:{to}"
+
+        self.assertEqual(Mailer(1).send("a"), "1:a")
+        # Another instance, one intent: `self` is not part of the key.
+        self.assertEqual(Mailer(2).send("a"), "1:a")
+        value, outcome = Mailer.send.call_with_outcome(Mailer(3), "a")
+        self.assertEqual((value, outcome.replayed), ("1:a", True))
+
+    def test_variadic_signatures(self):
+        @idempotent(store="memory:", scope=unique())
+        def f(a, *rest, flag=False, **extra) -> list:
+            return [a, list(rest), flag, extra]
+
+        first = f.call_with_outcome(1, 2, 3, flag=True, x=1)
+        second = f.call_with_outcome(1, 2, 3, flag=True, x=1)
+        self.assertEqual((first[1].replayed, second[1].replayed), (False, True))
+        self.assertNotEqual(f.call_with_outcome(1, 2, flag=True, x=1)[1].key, first[1].key)
+        with self.assertRaises(TypeError):
+            f()
+
+    def test_bad_calls_raise_type_error_before_anything_runs(self):
+        @idempotent(store="memory:", scope=unique())
+        def f(a, b=1):
+            raise AssertionError("must not run")
+
+        for args, kwargs in [((), {}), ((1, 2, 3), {}), ((1,), {"a": 1}), ((1,), {"c": 2})]:
+            with self.assertRaises(TypeError):
+                f(*args, **kwargs)
+
+    def test_a_serialised_scope_derives_the_same_key_in_another_process(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            store = f"sqlite:{tmp}/idem.db"
+            effects = os.path.join(tmp, "effects.txt")
+            code = textwrap.dedent(
+                f"""
+                import json, sys
+                from idem_runtime import Scope, idempotent, scope
+
+                @idempotent(store={store!r})
+                def send(to: str) -> str:
+                    with open({effects!r}, "a") as f:
+                        f.write(to + "\\n")
+                    return "sent to " + to
+
+                with scope(Scope.loads(sys.argv[1])):
+                    value, outcome = send.call_with_outcome("a@example.com")
+                print(json.dumps([value, outcome.key, outcome.replayed]))
+                """
+            )
+            with scope(f"order-{unique()}") as s:
+                handed = s.child("mailer").dumps()
+            import json
+
+            runs = [
+                json.loads(
+                    subprocess.run(
+                        [sys.executable, "-c", code, handed],
+                        capture_output=True, text=True, check=True, env=subprocess_env(), timeout=60,
+                    ).stdout
+                )
+                for _ in range(2)
+            ]
+            self.assertEqual(runs[0][:2], runs[1][:2])
+            self.assertEqual((runs[0][2], runs[1][2]), (False, True))
+            self.assertEqual(runs[0][1], derive_key(Scope.loads(handed), "send", {"to": "a@example.com"}))
+            with open(effects) as f:
+                self.assertEqual(f.read(), "a@example.com\n")
+
+
+class InFlight(unittest.TestCase):
+    def in_flight(self, wait):
+        release, entered = threading.Event(), threading.Event()
+        calls = []
+
+        @idempotent(store="memory:", scope=unique(), wait=wait)
+        def slow(x: int) -> int:
+            calls.append(x)
+            entered.set()
+            release.wait(30)
+            return x * 10
+
+        results = []
+        worker = threading.Thread(target=lambda: results.append(slow(1)))
+        worker.start()
+        self.assertTrue(entered.wait(30))
+        return slow, release, worker, results, calls
+
+    def test_wait_zero_raises_in_flight_at_once(self):
+        slow, release, worker, results, calls = self.in_flight(0)
+        try:
+            with self.assertRaises(InFlightError) as cm:
+                slow(1)
+            self.assertIn("still running", str(cm.exception))
+        finally:
+            release.set()
+            worker.join()
+        self.assertEqual(results, [10])
+        self.assertEqual(slow.call_with_outcome(1), (10, unittest.mock.ANY))
+        self.assertEqual(calls, [1])
+
+    def test_a_waiting_duplicate_gets_the_result(self):
+        slow, release, worker, results, calls = self.in_flight(30)
+        got = []
+        dup = threading.Thread(target=lambda: got.append(slow.call_with_outcome(1)))
+        dup.start()
+        release.set()
+        worker.join()
+        dup.join()
+        self.assertEqual(got[0][0], 10)
+        self.assertTrue(got[0][1].replayed)
+        self.assertEqual(calls, [1])
+
+
+import unittest.mock  # noqa: E402
+
+if __name__ == "__main__":
+    unittest.main()
