@@ -354,9 +354,25 @@ impl Prior {
     }
 }
 
+/// Registered with `os.register_at_fork(before=...)`: the fork waits until no thread is
+/// choosing the process's host, whose lock a child would otherwise inherit held.
+#[pyfunction]
+fn before_fork(py: Python<'_>) {
+    // The GIL is released while waiting, as every native call that may block does.
+    py.detach(idem_embed::before_fork);
+}
+
+/// Registered with `os.register_at_fork(after_in_parent=..., after_in_child=...)`.
+#[pyfunction]
+fn after_fork() {
+    idem_embed::after_fork();
+}
+
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(derive_key, m)?)?;
+    m.add_function(wrap_pyfunction!(before_fork, m)?)?;
+    m.add_function(wrap_pyfunction!(after_fork, m)?)?;
     m.add_class::<KeyFields>()?;
     m.add_class::<Policy>()?;
     m.add_class::<Store>()?;

@@ -132,6 +132,33 @@ class SQLite(Base, unittest.TestCase):
         super().setUp()
         self.url = f"sqlite:{self.tmp.name}/idem.db"
 
+    @unittest.skipUnless("fork" in multiprocessing.get_all_start_methods(), "no fork here")
+    def test_processes_fork_after_the_parent_used_the_store(self):
+        # SQLite's locks do not survive fork(): each forked child is refused SQLite, with an
+        # error that says what to do (test_fork.py has the rest), and nothing runs.
+        before = self.intent()
+        self.assertFalse(call(self.url, self.effects, before)[1])
+        ctx = multiprocessing.get_context("fork")
+        intent = self.intent()
+        start, results = ctx.Event(), ctx.Queue()
+        procs = [
+            ctx.Process(target=_process_main, args=(self.url, self.effects, intent, start, results))
+            for _ in range(4)
+        ]
+        for p in procs:
+            p.start()
+        start.set()
+        got = [results.get(timeout=120) for _ in procs]
+        for p in procs:
+            p.join(60)
+        for status, detail in got:
+            self.assertEqual(status, "error")
+            self.assertIn("ConfigurationError", detail)
+            self.assertIn("forkserver", detail)
+        self.assertEqual(self.rows(intent), 0)
+        # The parent's own store still works after its children.
+        self.assertTrue(call(self.url, self.effects, before)[1])
+
 
 _PG_SCHEMA = "idem_py_" + uuid.uuid4().hex[:10]
 _PG_URL = PG.format(_PG_SCHEMA)

@@ -87,6 +87,8 @@ impl Default for ToolPolicy {
 pub struct Store {
     url: String,
     bound: Arc<Mutex<Option<Bound>>>,
+    /// The process that made this value.
+    made_in: u32,
 }
 
 /// The engine a [`Store`] last used, and the process it belongs to.
@@ -114,6 +116,7 @@ impl Store {
         let store = Store {
             url: url.to_owned(),
             bound: Arc::new(Mutex::new(None)),
+            made_in: std::process::id(),
         };
         store.bound()?;
         Ok(store)
@@ -124,6 +127,14 @@ impl Store {
     fn bound(&self) -> Result<Bound, EmbedError> {
         let pid = std::process::id();
         fresh_tokens(pid)?;
+        if pid != self.made_in {
+            // A value inherited by fork: a parent thread may have held its cache's lock at
+            // that moment, and the child would wait on it forever, so the child never
+            // touches it and asks the host each time.
+            let host = host()?;
+            let engine = host.engine(&self.url)?;
+            return Ok(Bound { pid, host, engine });
+        }
         let mut cached = self.bound.lock().unwrap_or_else(PoisonError::into_inner);
         if let Some(b) = cached.as_ref().filter(|b| b.pid == pid) {
             return Ok(b.clone());

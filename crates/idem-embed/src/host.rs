@@ -18,9 +18,25 @@
 //! executors holding one token cannot be told apart (16 forked children all "won" one
 //! PostgreSQL claim before this). [`fresh_tokens`] reseeds a thread's generator the first
 //! time the thread calls in a process.
+//!
+//! A thread of the parent may also be choosing the host at the moment of the fork, holding
+//! the lock the child would then wait on forever. A host language that forks calls
+//! [`before_fork`] and [`after_fork`] around it (Python registers them with
+//! `os.register_at_fork`).
+//!
+//! **SQLite and fork.** SQLite keeps each file's locks in process-wide structures that a
+//! child inherits although the locks themselves (POSIX advisory locks) are not inherited: a
+//! child of a process that had a SQLite database open believes it holds locks it does not,
+//! and may read pages a checkpoint is rewriting or corrupt the file (SQLite's own rule:
+//! <https://www.sqlite.org/howtocorrupt.html>, "carrying an open database connection across
+//! a fork"). A forked worker of a process that opened a SQLite store once hung in its first
+//! SQLite call here, on a global mutex the parent's writer held. So such a child is refused
+//! SQLite stores with [`EmbedError::ForkedSqlite`], which says what to do instead; server
+//! stores (PostgreSQL, Redis) open fresh connections in the child and work.
 
-use std::cell::Cell;
+use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use idem_core::Engine;
@@ -65,6 +81,39 @@ pub(crate) fn fresh_tokens(pid: u32) -> Result<(), HostError> {
     Ok(())
 }
 
+thread_local! {
+    /// What [`before_fork`] holds until [`after_fork`], on the forking thread.
+    static FORKING: RefCell<Option<MutexGuard<'static, Option<Arc<Host>>>>> =
+        const { RefCell::new(None) };
+}
+
+/// The process that opened a SQLite store first (0: none yet).
+static SQLITE_OPENED_IN: AtomicU32 = AtomicU32::new(0);
+
+/// Refuses a SQLite store in a process forked from one that had SQLite open (module docs).
+fn sqlite_allowed(url: &StoreUrl, pid: u32) -> Result<(), EmbedError> {
+    if !matches!(url, StoreUrl::Sqlite { .. }) {
+        return Ok(());
+    }
+    match SQLITE_OPENED_IN.compare_exchange(0, pid, Ordering::SeqCst, Ordering::SeqCst) {
+        Ok(_) => Ok(()),
+        Err(opener) if opener == pid => Ok(()),
+        Err(opener) => Err(EmbedError::ForkedSqlite { parent: opener }),
+    }
+}
+
+/// Call just before `fork()`: waits until no thread is choosing this process's host, and
+/// keeps them out until [`after_fork`].
+pub fn before_fork() {
+    let current = lock(&CURRENT);
+    FORKING.with(|f| *f.borrow_mut() = Some(current));
+}
+
+/// Call just after `fork()`, in the parent and in the child, on the thread that forked.
+pub fn after_fork() {
+    FORKING.with(|f| drop(f.borrow_mut().take()));
+}
+
 /// This process's host, started on first use and again in a forked child.
 pub fn host() -> Result<Arc<Host>, HostError> {
     let mut current = lock(&CURRENT);
@@ -105,6 +154,7 @@ impl Host {
             return Ok(engine.clone());
         }
         let parsed: StoreUrl = url.parse()?;
+        sqlite_allowed(&parsed, self.pid)?;
         // Opened outside the lock: a PostgreSQL connect must not stall other stores' calls.
         // Two threads may race to open one URL; the first inserted wins and both use it.
         let store = self.block_on(parsed.open())?;

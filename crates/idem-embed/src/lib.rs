@@ -25,7 +25,7 @@ pub mod host;
 
 pub use call::{Claimed, Prior, PriorKind, Report, Saved, Started, Store, Ticket, ToolPolicy};
 pub use fields::{FieldError, KeyFields};
-pub use host::{HostError, host};
+pub use host::{HostError, after_fork, before_fork, host};
 pub use idem_stores::DEFAULT_STORE;
 
 /// Parses arguments given as JSON text; integers beyond 2^53 and lone surrogates are errors
@@ -56,6 +56,19 @@ pub enum EmbedError {
     /// The key could not be derived.
     #[error(transparent)]
     Derive(#[from] idem_keys::DeriveError),
+    /// A SQLite store in a process forked from one that had SQLite open
+    /// ([`host`](crate::host()) explains why).
+    #[error(
+        "this process was forked from process {parent}, which had a SQLite store open; SQLite's \
+         locks do not survive fork() (https://www.sqlite.org/howtocorrupt.html), so idem will \
+         not use SQLite here rather than risk the store. Start workers with the 'spawn' or \
+         'forkserver' method (multiprocessing.set_start_method(\"forkserver\")), or use a \
+         postgres:// or redis:// store, which work across fork()"
+    )]
+    ForkedSqlite {
+        /// The process that had SQLite open.
+        parent: u32,
+    },
     /// A value the host passed is not one of the accepted ones.
     #[error("{0}")]
     Value(String),

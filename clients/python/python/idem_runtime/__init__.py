@@ -12,6 +12,9 @@ run at most once per intent, on idem's Rust engine and stores.
         charge_card("cus_1", 4900)   # replays the stored result; no second charge
 """
 
+import os as _os
+
+from . import _decorator, _native
 from ._codec import JSON, Codec, JsonCodec
 from ._decorator import DEFAULT_RETENTION, Outcome, idempotent, inspect_key, open_store
 from ._keys import KEY_ARGUMENT, derive_key
@@ -58,3 +61,19 @@ __all__ = [
     "ResultUnreadableError",
     "ReplayedError",
 ]
+
+# Around a fork (multiprocessing's default start method on Linux): the native host's lock is
+# held across it, and the child gets fresh locks for the stores it opens. A child of a
+# process that had a SQLite store open is refused SQLite (ConfigurationError saying why);
+# server stores and memory: work in it (crates/idem-embed/src/host.rs).
+def _after_fork_in_child() -> None:
+    _native.after_fork()
+    _decorator._reset_after_fork()
+
+
+if hasattr(_os, "register_at_fork"):
+    _os.register_at_fork(
+        before=_native.before_fork,
+        after_in_parent=_native.after_fork,
+        after_in_child=_after_fork_in_child,
+    )

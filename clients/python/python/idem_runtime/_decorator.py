@@ -56,6 +56,12 @@ _stores: dict = {}
 _stores_lock = threading.Lock()
 
 
+def _reset_after_fork() -> None:
+    """In a forked child: a parent thread may have held the lock at the moment of the fork."""
+    global _stores_lock
+    _stores_lock = threading.Lock()
+
+
 def open_store(url: Optional[str] = None) -> _native.Store:
     """The store at ``url`` (default: ``$IDEM_STORE``, else the CLI's ``sqlite:idem.db``),
     opened once per process."""

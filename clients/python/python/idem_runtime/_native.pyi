@@ -6,6 +6,9 @@ DEFAULT_STORE: str
 RETURNED: int
 RAISED: int
 
+def before_fork() -> None: ...
+def after_fork() -> None: ...
+
 def derive_key(
     scope: str,
     tool: str,
