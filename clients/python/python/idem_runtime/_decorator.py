@@ -395,13 +395,35 @@ def _sync_wrapper(t: _Tool) -> Callable[..., Any]:
     return wrapper
 
 
+async def _claim(store: _native.Store, start: list) -> Tuple[str, Any]:
+    """``_start`` in a worker thread. If the caller is cancelled meanwhile (a framework's
+    timeout, a duplicate waiting for a call in flight), the claim may still succeed in the
+    thread; its ticket is then released, since the function never ran. Dropped instead, the
+    key would read as in flight until the lease ended and as an unknown outcome after."""
+    loop = asyncio.get_running_loop()
+    claim = loop.run_in_executor(None, _start, store, start)
+    try:
+        return await asyncio.shield(claim)
+    except asyncio.CancelledError:
+        claim.add_done_callback(_release_unused)
+        raise
+
+
+def _release_unused(claim: "asyncio.Future[Tuple[str, Any]]") -> None:
+    if claim.cancelled() or claim.exception() is not None:
+        return
+    started = claim.result()[1]
+    if started.__class__ is not _Prior:
+        claim.get_loop().run_in_executor(None, started.finish_not_run)
+
+
 def _async_wrapper(t: _Tool) -> Callable[..., Any]:
     # The engine's blocking halves run in a worker thread (the GIL released inside), so the
     # event loop goes on while a store answers or a duplicate is waited for.
     async def call_with_outcome(*args: Any, **kwargs: Any) -> Tuple[Any, Outcome]:
         start, args, kwargs = t.prepare(args, kwargs)
         store = t.store()
-        key, started = await asyncio.to_thread(_start, store, start)
+        key, started = await _claim(store, start)
         if started.__class__ is _Prior:
             value = t.answer(started, key)
             return value, Outcome(key, True, started.attempts, started.replays)
