@@ -139,8 +139,17 @@ class _Tool:
             for cls in group:
                 if not (isinstance(cls, type) and issubclass(cls, BaseException)):
                     raise ConfigurationError(f"{cls!r} is not an exception class")
-        if not isinstance(codec, Codec):
-            raise ConfigurationError(f"{codec!r} is not a codec (media_type, encode, decode)")
+        if not isinstance(codec, Codec) or not isinstance(codec.media_type, str):
+            raise ConfigurationError(
+                f"{codec!r} is not a codec (media_type: str, encode, decode)"
+            )
+        if inspect.isgeneratorfunction(fn) or inspect.isasyncgenfunction(fn):
+            # Calling one runs none of its body, so there is no result to keep; wrapped, its
+            # generator failed to encode and the key read as an unknown outcome.
+            raise ConfigurationError(
+                f"{self.tool} is a generator function; @idempotent needs a function that "
+                f"returns its result (collect it into a list first)"
+            )
         self.codec = codec
         self._store: Optional[_native.Store] = store if isinstance(store, _native.Store) else None
 
@@ -260,8 +269,9 @@ class _Tool:
 
     def settle_error(self, ticket: Any, e: BaseException) -> str:
         if self.keep_errors and isinstance(e, self.keep_errors):
+            message = _message(e)
             body = json.dumps(
-                {"type": _qualname(type(e)), "message": str(e), "args": _json_args(e)},
+                {"type": _qualname(type(e)), "message": message, "args": _json_args(e, message)},
                 ensure_ascii=False,
             ).encode()
             return ticket.finish_result(_native.RAISED, body, "application/json")
@@ -272,6 +282,14 @@ class _Tool:
     def settle_result(self, ticket: Any, key: str, result: Any) -> str:
         try:
             body = self.codec.encode(result)
+            if not isinstance(body, (bytes, bytearray)):
+                # Caught here, not by the native call, which would leave the ticket unfinished
+                # (its key in flight until the process let go of it).
+                raise ConfigurationError(
+                    f"{type(self.codec).__name__}.encode returned {type(body).__name__}, "
+                    f"not bytes; the result of {self.tool} (idempotency key {key}) was not "
+                    f"kept, and the key reads as an unknown outcome"
+                )
         except BaseException:
             # It ran: releasing would let a retry run it again. Unknown is the truth.
             ticket.finish_unknown()
@@ -296,12 +314,21 @@ def _qualname(cls: type) -> str:
     return f"{cls.__module__}.{cls.__qualname__}"
 
 
-def _json_args(e: BaseException) -> list:
+def _message(e: BaseException) -> str:
+    """``str(e)``, or a stand-in when its ``__str__`` raises: a kept error is stored either way,
+    instead of leaving its key unfinished."""
     try:
-        json.dumps(e.args)
+        return str(e)
+    except Exception:
+        return f"<{type(e).__name__} whose str() raised>"
+
+
+def _json_args(e: BaseException, message: str) -> list:
+    try:
+        json.dumps(e.args, allow_nan=False)
         return list(e.args)
-    except (TypeError, ValueError):
-        return [str(e)]
+    except (TypeError, ValueError, RecursionError):
+        return [message]
 
 
 def idempotent(
