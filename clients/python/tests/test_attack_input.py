@@ -44,5 +44,14 @@ class HostileArguments(unittest.TestCase):
             h(deep)
 
 
+class ExplicitKeyNone(unittest.TestCase):
+    def test_idempotency_key_none_means_derive_it(self):
+        @idempotent(store="memory:", scope=unique())
+        def f(x):
+            return x
+
+        self.assertEqual(f(1, idempotency_key=None), 1)
+
+
 if __name__ == "__main__":
     unittest.main()

@@ -180,7 +180,8 @@ class _Tool:
         """What the store's ``start`` takes (the bound arguments, from which it derives the
         key natively in the same call), and what to call the function with."""
         explicit = kwargs.get(KEY_ARGUMENT) if kwargs else None
-        if explicit is not None and not self.binder.takes_key:
+        if kwargs and KEY_ARGUMENT in kwargs and not self.binder.takes_key:
+            # None too: "no explicit key" (a framework passing its optional argument on).
             kwargs = {k: v for k, v in kwargs.items() if k != KEY_ARGUMENT}
         bound = self.binder.bind(args, kwargs)
         if explicit is not None:
