@@ -200,6 +200,13 @@ class _Tool:
         if kind == "replayed":
             if log.isEnabledFor(logging.INFO):
                 log.info("idem: %s replayed %s (replay %d)", self.tool, key, prior.replays + 1)
+            if prior.body is None and prior.omitted_len is None:
+                raise ResultUnreadableError(
+                    f"{self.tool} ran for idempotency key {key}, but its record holds neither "
+                    f"a result nor the digest of one (written by something else, or damaged). "
+                    f"It was not run again; `idem inspect {key}` shows the record.",
+                    key=key,
+                )
             if prior.body is None:
                 raise ResultTooLargeError(
                     f"{self.tool} ran for idempotency key {key}, but its result was "
