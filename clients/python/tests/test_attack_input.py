@@ -6,7 +6,7 @@ from __future__ import annotations
 import unittest
 import uuid
 
-from idem_runtime import KeyDerivationError, idempotent
+from idem_runtime import ConfigurationError, KeyDerivationError, idempotent
 
 
 def unique() -> str:
@@ -51,6 +51,19 @@ class ExplicitKeyNone(unittest.TestCase):
             return x
 
         self.assertEqual(f(1, idempotency_key=None), 1)
+
+
+
+class BadOptions(unittest.TestCase):
+    def test_bad_options_are_a_configuration_error_when_decorated(self):
+        for options in (
+            {"ordinal": -1},
+            {"ordinal": "1"},
+            {"secret": 5},
+            {"max_result_bytes": -1},
+        ):
+            with self.subTest(**options), self.assertRaises(ConfigurationError):
+                idempotent(store="memory:", scope=unique(), **options)(lambda x: x)
 
 
 if __name__ == "__main__":

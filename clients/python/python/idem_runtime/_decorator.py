@@ -124,6 +124,14 @@ class _Tool:
         self.scope = scope
         self.fields = parse_key_fields(key_fields)
         self.binder = Binder(fn, field_roots(self.fields.specs) if self.fields else None)
+        if isinstance(ordinal, bool) or not isinstance(ordinal, int) or not 0 <= ordinal <= 1 << 53:
+            raise ConfigurationError(f"ordinal must be an integer from 0 to 2^53, not {ordinal!r}")
+        if secret is not None and not isinstance(secret, (str, bytes)):
+            raise ConfigurationError(f"secret must be a str or bytes, not {type(secret).__name__}")
+        if isinstance(max_result_bytes, bool) or not isinstance(max_result_bytes, int) or max_result_bytes < 0:
+            raise ConfigurationError(
+                f"max_result_bytes must be an integer >= 0, not {max_result_bytes!r}"
+            )
         self.ordinal = ordinal
         self.secret = secret.encode() if isinstance(secret, str) else secret
         self.policy = _native.Policy(
