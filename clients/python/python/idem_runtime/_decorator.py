@@ -457,7 +457,33 @@ def _release_unused(claim: "asyncio.Future[Tuple[str, Any]]") -> None:
         return
     started = claim.result()[1]
     if started.__class__ is not _Prior:
-        claim.get_loop().run_in_executor(None, started.finish_not_run)
+        threading.Thread(target=started.finish_not_run, name="idem-settle").start()
+
+
+async def _settle(fn: Callable[..., Any], *args: Any) -> Any:
+    """Runs a ticket's finishing step in a thread of its own, not the loop's default executor:
+    duplicates waiting for this very call occupy that executor's threads (a handful: cpu + 4),
+    so a finish queued behind them could not run until their ``wait`` ran out, and all of
+    them then failed with ``InFlightError``. Once per call that ran; a replay needs none."""
+    loop = asyncio.get_running_loop()
+    done: asyncio.Future = loop.create_future()
+
+    def deliver(ok: bool, value: Any) -> None:
+        if not done.done():
+            done.set_result(value) if ok else done.set_exception(value)
+
+    def run() -> None:
+        try:
+            value, ok = fn(*args), True
+        except BaseException as e:  # delivered to the awaiting coroutine
+            value, ok = e, False
+        try:
+            loop.call_soon_threadsafe(deliver, ok, value)
+        except RuntimeError:
+            pass  # the loop closed meanwhile; the ticket was finished all the same
+
+    threading.Thread(target=run, name="idem-settle").start()
+    return await done
 
 
 def _async_wrapper(t: _Tool) -> Callable[..., Any]:
@@ -474,9 +500,9 @@ def _async_wrapper(t: _Tool) -> Callable[..., Any]:
             result = await t.fn(*args, **kwargs)
         except BaseException as e:
             # Settled even when cancelled: shielded from the cancellation it reports.
-            await asyncio.shield(asyncio.to_thread(t.settle_error, started, e))
+            await asyncio.shield(_settle(t.settle_error, started, e))
             raise
-        saved = await asyncio.to_thread(t.settle_result, started, key, result)
+        saved = await _settle(t.settle_result, started, key, result)
         return result, Outcome(key, False, saved=saved)
 
     @functools.wraps(t.fn)
