@@ -19,6 +19,7 @@ the key, or, under ``on_abandoned="retry"``, runs again.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import dataclasses
 import datetime
 import functools
@@ -467,6 +468,7 @@ async def _settle(fn: Callable[..., Any], *args: Any) -> Any:
     them then failed with ``InFlightError``. Once per call that ran; a replay needs none."""
     loop = asyncio.get_running_loop()
     done: asyncio.Future = loop.create_future()
+    context = contextvars.copy_context()  # as asyncio.to_thread: a codec may read it
 
     def deliver(ok: bool, value: Any) -> None:
         if not done.done():
@@ -474,7 +476,7 @@ async def _settle(fn: Callable[..., Any], *args: Any) -> Any:
 
     def run() -> None:
         try:
-            value, ok = fn(*args), True
+            value, ok = context.run(fn, *args), True
         except BaseException as e:  # delivered to the awaiting coroutine
             value, ok = e, False
         try:
