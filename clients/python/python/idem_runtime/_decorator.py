@@ -19,6 +19,7 @@ the key, or, under ``on_abandoned="retry"``, runs again.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import dataclasses
 import datetime
 import functools
@@ -124,6 +125,14 @@ class _Tool:
         self.scope = scope
         self.fields = parse_key_fields(key_fields)
         self.binder = Binder(fn, field_roots(self.fields.specs) if self.fields else None)
+        if isinstance(ordinal, bool) or not isinstance(ordinal, int) or not 0 <= ordinal <= 1 << 53:
+            raise ConfigurationError(f"ordinal must be an integer from 0 to 2^53, not {ordinal!r}")
+        if secret is not None and not isinstance(secret, (str, bytes)):
+            raise ConfigurationError(f"secret must be a str or bytes, not {type(secret).__name__}")
+        if isinstance(max_result_bytes, bool) or not isinstance(max_result_bytes, int) or max_result_bytes < 0:
+            raise ConfigurationError(
+                f"max_result_bytes must be an integer >= 0, not {max_result_bytes!r}"
+            )
         self.ordinal = ordinal
         self.secret = secret.encode() if isinstance(secret, str) else secret
         self.policy = _native.Policy(
@@ -139,8 +148,17 @@ class _Tool:
             for cls in group:
                 if not (isinstance(cls, type) and issubclass(cls, BaseException)):
                     raise ConfigurationError(f"{cls!r} is not an exception class")
-        if not isinstance(codec, Codec):
-            raise ConfigurationError(f"{codec!r} is not a codec (media_type, encode, decode)")
+        if not isinstance(codec, Codec) or not isinstance(codec.media_type, str):
+            raise ConfigurationError(
+                f"{codec!r} is not a codec (media_type: str, encode, decode)"
+            )
+        if inspect.isgeneratorfunction(fn) or inspect.isasyncgenfunction(fn):
+            # Calling one runs none of its body, so there is no result to keep; wrapped, its
+            # generator failed to encode and the key read as an unknown outcome.
+            raise ConfigurationError(
+                f"{self.tool} is a generator function; @idempotent needs a function that "
+                f"returns its result (collect it into a list first)"
+            )
         self.codec = codec
         self._store: Optional[_native.Store] = store if isinstance(store, _native.Store) else None
 
@@ -171,7 +189,8 @@ class _Tool:
         """What the store's ``start`` takes (the bound arguments, from which it derives the
         key natively in the same call), and what to call the function with."""
         explicit = kwargs.get(KEY_ARGUMENT) if kwargs else None
-        if explicit is not None and not self.binder.takes_key:
+        if kwargs and KEY_ARGUMENT in kwargs and not self.binder.takes_key:
+            # None too: "no explicit key" (a framework passing its optional argument on).
             kwargs = {k: v for k, v in kwargs.items() if k != KEY_ARGUMENT}
         bound = self.binder.bind(args, kwargs)
         if explicit is not None:
@@ -190,6 +209,13 @@ class _Tool:
         if kind == "replayed":
             if log.isEnabledFor(logging.INFO):
                 log.info("idem: %s replayed %s (replay %d)", self.tool, key, prior.replays + 1)
+            if prior.body is None and prior.omitted_len is None:
+                raise ResultUnreadableError(
+                    f"{self.tool} ran for idempotency key {key}, but its record holds neither "
+                    f"a result nor the digest of one (written by something else, or damaged). "
+                    f"It was not run again; `idem inspect {key}` shows the record.",
+                    key=key,
+                )
             if prior.body is None:
                 raise ResultTooLargeError(
                     f"{self.tool} ran for idempotency key {key}, but its result was "
@@ -260,8 +286,9 @@ class _Tool:
 
     def settle_error(self, ticket: Any, e: BaseException) -> str:
         if self.keep_errors and isinstance(e, self.keep_errors):
+            message = _message(e)
             body = json.dumps(
-                {"type": _qualname(type(e)), "message": str(e), "args": _json_args(e)},
+                {"type": _qualname(type(e)), "message": message, "args": _json_args(e, message)},
                 ensure_ascii=False,
             ).encode()
             return ticket.finish_result(_native.RAISED, body, "application/json")
@@ -272,6 +299,14 @@ class _Tool:
     def settle_result(self, ticket: Any, key: str, result: Any) -> str:
         try:
             body = self.codec.encode(result)
+            if not isinstance(body, (bytes, bytearray)):
+                # Caught here, not by the native call, which would leave the ticket unfinished
+                # (its key in flight until the process let go of it).
+                raise ConfigurationError(
+                    f"{type(self.codec).__name__}.encode returned {type(body).__name__}, "
+                    f"not bytes; the result of {self.tool} (idempotency key {key}) was not "
+                    f"kept, and the key reads as an unknown outcome"
+                )
         except BaseException:
             # It ran: releasing would let a retry run it again. Unknown is the truth.
             ticket.finish_unknown()
@@ -296,12 +331,21 @@ def _qualname(cls: type) -> str:
     return f"{cls.__module__}.{cls.__qualname__}"
 
 
-def _json_args(e: BaseException) -> list:
+def _message(e: BaseException) -> str:
+    """``str(e)``, or a stand-in when its ``__str__`` raises: a kept error is stored either way,
+    instead of leaving its key unfinished."""
     try:
-        json.dumps(e.args)
+        return str(e)
+    except Exception:
+        return f"<{type(e).__name__} whose str() raised>"
+
+
+def _json_args(e: BaseException, message: str) -> list:
+    try:
+        json.dumps(e.args, allow_nan=False)
         return list(e.args)
-    except (TypeError, ValueError):
-        return [str(e)]
+    except (TypeError, ValueError, RecursionError):
+        return [message]
 
 
 def idempotent(
@@ -395,13 +439,62 @@ def _sync_wrapper(t: _Tool) -> Callable[..., Any]:
     return wrapper
 
 
+async def _claim(store: _native.Store, start: list) -> Tuple[str, Any]:
+    """``_start`` in a worker thread. If the caller is cancelled meanwhile (a framework's
+    timeout, a duplicate waiting for a call in flight), the claim may still succeed in the
+    thread; its ticket is then released, since the function never ran. Dropped instead, the
+    key would read as in flight until the lease ended and as an unknown outcome after."""
+    loop = asyncio.get_running_loop()
+    claim = loop.run_in_executor(None, _start, store, start)
+    try:
+        return await asyncio.shield(claim)
+    except asyncio.CancelledError:
+        claim.add_done_callback(_release_unused)
+        raise
+
+
+def _release_unused(claim: "asyncio.Future[Tuple[str, Any]]") -> None:
+    if claim.cancelled() or claim.exception() is not None:
+        return
+    started = claim.result()[1]
+    if started.__class__ is not _Prior:
+        threading.Thread(target=started.finish_not_run, name="idem-settle").start()
+
+
+async def _settle(fn: Callable[..., Any], *args: Any) -> Any:
+    """Runs a ticket's finishing step in a thread of its own, not the loop's default executor:
+    duplicates waiting for this very call occupy that executor's threads (a handful: cpu + 4),
+    so a finish queued behind them could not run until their ``wait`` ran out, and all of
+    them then failed with ``InFlightError``. Once per call that ran; a replay needs none."""
+    loop = asyncio.get_running_loop()
+    done: asyncio.Future = loop.create_future()
+    context = contextvars.copy_context()  # as asyncio.to_thread: a codec may read it
+
+    def deliver(ok: bool, value: Any) -> None:
+        if not done.done():
+            done.set_result(value) if ok else done.set_exception(value)
+
+    def run() -> None:
+        try:
+            value, ok = context.run(fn, *args), True
+        except BaseException as e:  # delivered to the awaiting coroutine
+            value, ok = e, False
+        try:
+            loop.call_soon_threadsafe(deliver, ok, value)
+        except RuntimeError:
+            pass  # the loop closed meanwhile; the ticket was finished all the same
+
+    threading.Thread(target=run, name="idem-settle").start()
+    return await done
+
+
 def _async_wrapper(t: _Tool) -> Callable[..., Any]:
     # The engine's blocking halves run in a worker thread (the GIL released inside), so the
     # event loop goes on while a store answers or a duplicate is waited for.
     async def call_with_outcome(*args: Any, **kwargs: Any) -> Tuple[Any, Outcome]:
         start, args, kwargs = t.prepare(args, kwargs)
         store = t.store()
-        key, started = await asyncio.to_thread(_start, store, start)
+        key, started = await _claim(store, start)
         if started.__class__ is _Prior:
             value = t.answer(started, key)
             return value, Outcome(key, True, started.attempts, started.replays)
@@ -409,9 +502,9 @@ def _async_wrapper(t: _Tool) -> Callable[..., Any]:
             result = await t.fn(*args, **kwargs)
         except BaseException as e:
             # Settled even when cancelled: shielded from the cancellation it reports.
-            await asyncio.shield(asyncio.to_thread(t.settle_error, started, e))
+            await asyncio.shield(_settle(t.settle_error, started, e))
             raise
-        saved = await asyncio.to_thread(t.settle_result, started, key, result)
+        saved = await _settle(t.settle_result, started, key, result)
         return result, Outcome(key, False, saved=saved)
 
     @functools.wraps(t.fn)

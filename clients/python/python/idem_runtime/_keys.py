@@ -32,7 +32,7 @@ def args_json(args: Any) -> str:
     """Arguments as JSON text for the native side."""
     try:
         return _ENCODER.encode(args)
-    except (TypeError, ValueError) as e:
+    except (TypeError, ValueError, RecursionError) as e:
         raise KeyDerivationError(
             f"the arguments cannot be part of a key ({e}); make them JSON, or name the ones that "
             f"make the intent with key_fields=[...]"
@@ -135,7 +135,16 @@ class Binder:
                 continue
             param = self.signature.parameters[name]
             if param.kind is param.VAR_KEYWORD:
-                out.update({k: v for k, v in value.items() if k != KEY_ARGUMENT})
+                for k, v in value.items():
+                    if k in out:
+                        # Only *NAME can collide (Python refuses the others): merged, f(1,
+                        # NAME=2) and f(3, NAME=2) would be one key, and the second a replay.
+                        raise KeyDerivationError(
+                            f"keyword argument {k!r} has the name of a parameter; an "
+                            f"idempotent function cannot key it apart from *{k}; rename one"
+                        )
+                    if k != KEY_ARGUMENT:
+                        out[k] = v
             elif name != KEY_ARGUMENT:
                 out[name] = list(value) if param.kind is param.VAR_POSITIONAL else value
         if self.roots is not None:
