@@ -79,7 +79,7 @@ impl Default for ToolPolicy {
     }
 }
 
-/// A store by URL. The engine behind it is the process's ([`crate::host`]); the store keeps
+/// A store by URL. The engine behind it is the process's ([`crate::host()`]); the store keeps
 /// a handle to it so a call skips the host's lock and map, and checks the process id on each
 /// call, so a value made before `fork()` looks the child's own engine up instead of using the
 /// parent's (whose threads do not exist in the child).

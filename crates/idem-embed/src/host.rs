@@ -16,7 +16,7 @@
 //! The forking thread's random generator is inherited too: rand's `ThreadRng` (0.9) has no
 //! fork protection, so parent and child would draw the same fencing tokens, and two
 //! executors holding one token cannot be told apart (16 forked children all "won" one
-//! PostgreSQL claim before this). [`fresh_tokens`] reseeds a thread's generator the first
+//! PostgreSQL claim before this). `fresh_tokens` reseeds a thread's generator the first
 //! time the thread calls in a process.
 //!
 //! A thread of the parent may also be choosing the host at the moment of the fork, holding

@@ -12,7 +12,7 @@
 //! 2. [`Ticket::finish`] keeps what the function reported: its encoded result, "not run"
 //!    (the key is released), or "unknown" (the record is abandoned at once).
 //!
-//! The heartbeat runs on the process's runtime ([`host`]) while the function runs. Stores are
+//! The heartbeat runs on the process's runtime ([`host()`]) while the function runs. Stores are
 //! opened once per URL per process and shared by every thread; a forked child gets a runtime
 //! and connections of its own.
 //!
@@ -57,7 +57,7 @@ pub enum EmbedError {
     #[error(transparent)]
     Derive(#[from] idem_keys::DeriveError),
     /// A SQLite store in a process forked from one that had SQLite open
-    /// ([`host`](crate::host()) explains why).
+    /// (the [`host`](mod@crate::host) module explains why).
     #[error(
         "this process was forked from process {parent}, which had a SQLite store open; SQLite's \
          locks do not survive fork() (https://www.sqlite.org/howtocorrupt.html), so idem will \
