@@ -350,7 +350,7 @@ class InFlight(unittest.TestCase):
         try:
             with self.assertRaises(InFlightError) as cm:
                 slow(1)
-            self.assertIn("still running", str(cm.exception))
+            self.assertIn("held by another call", str(cm.exception))
         finally:
             release.set()
             worker.join()

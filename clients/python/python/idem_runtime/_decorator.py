@@ -235,9 +235,10 @@ class _Tool:
                 ) from e
         if kind == "in_flight":
             raise InFlightError(
-                f"{self.tool} with idempotency key {key} is still running in another call, "
-                f"which did not finish within the wait. Retry later with the same arguments; "
-                f"the retry gets that call's result.",
+                f"{self.tool} with idempotency key {key} is held by another call, which did "
+                f"not finish within the wait. Retry later with the same arguments: the retry "
+                f"gets that call's result, or, if that call's process died, an unknown outcome "
+                f"once its lease ends (the lease is renewed only while the call runs).",
                 key=key,
             )
         if kind == "mismatch":

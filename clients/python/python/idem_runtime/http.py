@@ -38,7 +38,10 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable, Optional, Sequence, Union
 
-import httpx
+from ._requires import requires
+
+with requires("http", "httpx", "httpx 0.28.1"):
+    import httpx
 
 from ._keys import KEY_ARGUMENT, derive_key
 from ._retry import DEFAULT_RETRY, Attempt, Budget, RetryPolicy, observe, parse_retry_after

@@ -27,7 +27,10 @@ from __future__ import annotations
 from typing import Any, Awaitable, Callable, Optional, Sequence, Union
 
 import anyio
-from mcp import ClientSession
+from ._requires import requires
+
+with requires("mcp", "mcp", "mcp 2.3.0"):
+    from mcp import ClientSession
 
 try:
     from mcp.shared.exceptions import MCPError

@@ -29,8 +29,11 @@ from __future__ import annotations
 import logging
 from typing import Any, Awaitable, Callable, Dict, Iterable, Mapping, Optional, Sequence, Tuple, Union
 
-from langchain.agents.middleware import AgentMiddleware
-from langchain_core.messages import ToolMessage
+from .._requires import requires
+
+with requires("adapters.langchain", "langchain", "langchain 1.5.2 and langgraph 1.2.24"):
+    from langchain.agents.middleware import AgentMiddleware
+    from langchain_core.messages import ToolMessage
 
 from .._keys import KEY_ARGUMENT
 from .._scope import Scope, current_scope

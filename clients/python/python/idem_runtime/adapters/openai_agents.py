@@ -28,13 +28,16 @@ import inspect
 import json
 from typing import Any, Callable, Optional, Union
 
-from agents import FunctionTool, function_tool, get_current_trace
-from agents.tool import (
-    FunctionToolCustomDataContext,
-    maybe_invoke_function_tool_failure_error_function,
-    set_function_tool_failure_error_function,
-)
-from agents.tool_context import ToolContext
+from .._requires import requires
+
+with requires("adapters.openai_agents", "openai-agents", "openai-agents 0.24.0"):
+    from agents import FunctionTool, function_tool, get_current_trace
+    from agents.tool import (
+        FunctionToolCustomDataContext,
+        maybe_invoke_function_tool_failure_error_function,
+        set_function_tool_failure_error_function,
+    )
+    from agents.tool_context import ToolContext
 
 from .._scope import Scope
 from ..errors import ScopeMissingError

@@ -28,10 +28,13 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Callable, Collection, Mapping, Optional, Union
 
-from pydantic_ai import RunContext
-from pydantic_ai.messages import ToolReturn
-from pydantic_ai.toolsets import AbstractToolset, WrapperToolset
-from pydantic_ai.toolsets.abstract import ToolsetTool
+from .._requires import requires
+
+with requires("adapters.pydantic_ai", "pydantic-ai", "pydantic-ai-slim 2.68.0"):
+    from pydantic_ai import RunContext
+    from pydantic_ai.messages import ToolReturn
+    from pydantic_ai.toolsets import AbstractToolset, WrapperToolset
+    from pydantic_ai.toolsets.abstract import ToolsetTool
 
 from .._keys import KEY_ARGUMENT, derive_key
 from .._scope import Scope
