@@ -91,8 +91,17 @@ export function canonicalBytes(scope, tool, args, ordinal = 0) {
   return Buffer.from(canonical([VERSION, scope, tool, ordinal, args]), "utf8");
 }
 
-/** The idempotency key of one intent. `secret` (string or bytes) makes it an HMAC-SHA256. */
+/**
+ * The idempotency key of one intent. `secret` (string or bytes) makes it an HMAC-SHA256.
+ * Positional, with no keyFields: derive(scope, tool, args, ordinal, secret).
+ */
 export function derive(scope, tool, args, ordinal = 0, secret = undefined) {
+  if (ordinal !== null && typeof ordinal === "object") {
+    throw new DeriveError(
+      "derive(scope, tool, args, ordinal = 0, secret) takes positional arguments, not an options object; " +
+        "it has no keyFields (pass only the arguments that make the intent, or use deriveKey from idem-runtime)",
+    );
+  }
   const data = canonicalBytes(scope, tool, args, ordinal);
   const digest =
     secret === undefined || secret === null

@@ -41,3 +41,11 @@ test("numbers are written as ECMAScript writes them", () => {
   assert.throws(() => parseArgs('{"id":9007199254740993}'), DeriveError);
   assert.equal(canonical(parseArgs('{"s":"1e400 in a string is fine"}')), '{"s":"1e400 in a string is fine"}');
 });
+
+test("derive is positional: an options object as the ordinal says so", () => {
+  assert.throws(
+    () => derive("run", "t", { a: 1 }, { keyFields: ["a"] }),
+    (e) => e instanceof DeriveError && /positional/.test(e.message) && /keyFields/.test(e.message),
+  );
+  assert.equal(derive("run", "t", { a: 1 }, 0), derive("run", "t", { a: 1 }));
+});

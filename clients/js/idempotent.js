@@ -3,11 +3,15 @@
 // (idem-embed, in Rust) claims it, and a repeated call gets the first call's result.
 import { native } from "./native.js";
 import {
+  ConfigurationError,
+  DeriveError,
   InFlightError,
+  KeyDerivationError,
   KeyMismatchError,
   OutcomeUnknownError,
   ResultTooLargeError,
   StoreUnavailableError,
+  ToolArgumentsError,
   fromNative,
 } from "./errors.js";
 import { resolveScope } from "./scope.js";
@@ -48,32 +52,56 @@ function ms(name, value, fallback) {
   const v = value === undefined ? fallback : value;
   if (v === null) return null;
   if (typeof v !== "number" || !Number.isFinite(v) || v < 0) {
-    throw new TypeError(`${name} is a number of milliseconds (or null where allowed), not ${String(v)}`);
+    throw new ConfigurationError(`${name} is a number of milliseconds (or null where allowed), not ${String(v)}`);
   }
   return v;
 }
 
 function keeper(keepErrors) {
   const kinds = keepErrors ?? [];
-  if (!Array.isArray(kinds)) throw new TypeError("keepErrors is a list of error classes or names");
-  return (err) =>
-    kinds.some((k) => (typeof k === "function" ? err instanceof k : err?.name === k));
+  if (!Array.isArray(kinds)) throw new ConfigurationError("keepErrors is a list of error classes or names");
+  return {
+    keeps: (err) => kinds.some((k) => (typeof k === "function" ? err instanceof k : err?.name === k)),
+    /** The listed class of this name, to rebuild a replayed error as (Python's binding does the same). */
+    classOf: (name) => kinds.find((k) => typeof k === "function" && k.name === name),
+  };
+}
+
+/** The error's name, or its class's where the class does not set one (`class Declined extends Error {}`). */
+function typeName(err) {
+  const name = err?.name;
+  if (typeof name === "string" && name !== "" && name !== "Error") return name;
+  return typeof err?.constructor?.name === "string" && err.constructor.name !== "" ? err.constructor.name : "Error";
 }
 
 function errorBody(err) {
   const message = String(err?.message ?? err);
-  return encoder.encode(JSON.stringify({ type: String(err?.name ?? "Error"), message, args: [message] }));
+  return encoder.encode(JSON.stringify({ type: typeName(err), message, args: [message] }));
 }
 
-function replayError(body, key) {
+/** A kept error, replayed: an instance of its keepErrors class if one has its name, else an Error of that name. */
+function replayError(body, key, classOf) {
   let parsed = {};
   try {
     parsed = JSON.parse(decoder.decode(body));
   } catch {
     // A body not written by a binding: report it as it is.
   }
-  const e = new Error(parsed.message ?? decoder.decode(body));
-  e.name = parsed.type ?? "Error";
+  const message = parsed.message ?? decoder.decode(body);
+  const type = typeof parsed.type === "string" ? parsed.type : "Error";
+  const Kind = classOf(type);
+  let e = null;
+  if (Kind) {
+    try {
+      e = new Kind(message);
+    } catch {
+      // A constructor that needs more than the message: fall back to a plain Error of that name.
+    }
+  }
+  if (!(e instanceof Error)) {
+    e = new Error(message);
+    e.name = type;
+  }
   e.idempotencyKey = key;
   e.replayed = true;
   return e;
@@ -90,20 +118,36 @@ const OPTIONS = new Set([
   "onAbandoned", "maxResultBytes", "keepErrors", "codec",
 ]);
 
+/**
+ * The key comes from the first argument only (a tool's `execute(args, options)`: the framework's
+ * options, toolCallId and messages, must not be in it), so a call whose first argument is not an
+ * arguments object (`pay("cus_1", 4900)`) would replay another call's result: it is refused.
+ */
+function plainArguments(tool, args) {
+  const proto = args !== null && typeof args === "object" ? Object.getPrototypeOf(args) : undefined;
+  if (proto === Object.prototype || proto === null) return;
+  const what = args == null ? String(args) : Array.isArray(args) ? "an array" : typeof args === "object" ? `a ${args.constructor?.name ?? "class"} instance` : `a ${typeof args}`;
+  throw new ToolArgumentsError(
+    `${tool}: idempotent(fn) keys a call on its first argument, the tool's arguments object, and ignores the rest ` +
+      `(a framework's call options); this call's first argument is ${what}. Call fn({ customer, amount }) with one ` +
+      `plain object of every argument that makes the intent (an array or value goes in a member: fn({ items })); nothing ran`,
+  );
+}
+
 export function idempotent(fn, options = {}) {
   if (typeof fn !== "function") throw new TypeError("idempotent(fn, options) wraps a function");
   const unknown = Object.keys(options).filter((k) => !OPTIONS.has(k));
   if (unknown.length > 0) {
-    throw new TypeError(`idempotent: unknown option ${unknown.join(", ")}; the options are ${[...OPTIONS].join(", ")}`);
+    throw new ConfigurationError(`idempotent: unknown option ${unknown.join(", ")}; the options are ${[...OPTIONS].join(", ")}`);
   }
   const tool = options.tool ?? fn.name;
-  if (!tool) throw new TypeError("the function has no name: pass idempotent(fn, { tool: 'charge_card' })");
+  if (!tool) throw new ConfigurationError("the function has no name: pass idempotent(fn, { tool: 'charge_card' })");
   const codec = options.codec ?? jsonCodec;
   if (typeof codec.encode !== "function" || typeof codec.decode !== "function" || typeof codec.mediaType !== "string") {
-    throw new TypeError("a codec is { mediaType, encode(value) -> Uint8Array | string, decode(Uint8Array) -> value }");
+    throw new ConfigurationError("a codec is { mediaType, encode(value) -> Uint8Array | string, decode(Uint8Array) -> value }");
   }
   const url = options.store ?? DEFAULT_STORE;
-  if (typeof url !== "string") throw new TypeError("store is a URL: memory:, sqlite:PATH, postgres://..., redis://...");
+  if (typeof url !== "string") throw new ConfigurationError("store is a URL: memory:, sqlite:PATH, postgres://..., redis://...");
   const keep = keeper(options.keepErrors);
   const ordinal = options.ordinal ?? 0;
   let spec;
@@ -125,8 +169,15 @@ export function idempotent(fn, options = {}) {
 
   let store = null; // the open store, once openStore has answered
 
-  async function call(args, ...rest) {
-    const argsJson = JSON.stringify(args ?? null);
+  async function call(...all) {
+    const [args, ...rest] = all;
+    if (all.length > 0) plainArguments(tool, args);
+    let argsJson;
+    try {
+      argsJson = JSON.stringify(args ?? null);
+    } catch (e) {
+      throw new KeyDerivationError(`${tool}: no key can be derived, the arguments are not JSON (${e.message}); nothing ran`, { cause: e });
+    }
     const explicit = args !== null && typeof args === "object" && typeof args.idempotency_key === "string";
     let key = explicit ? args.idempotency_key : undefined;
     const scope = explicit ? undefined : resolveScope(options.scope, args, rest, tool);
@@ -148,7 +199,9 @@ export function idempotent(fn, options = {}) {
       }
       outcome ??= await spec.begin(store, key, argsJson);
     } catch (e) {
-      throw e instanceof StoreUnavailableError ? Object.assign(e, { key }) : fromNative(e, key);
+      if (e instanceof StoreUnavailableError) throw Object.assign(e, { key });
+      const typed = fromNative(e, key);
+      throw typed instanceof DeriveError ? new KeyDerivationError(`${tool}: ${typed.message}; nothing ran`, { key, cause: e }) : typed;
     }
     switch (outcome.kind) {
       case "execute":
@@ -160,7 +213,7 @@ export function idempotent(fn, options = {}) {
             { key },
           );
         }
-        if (outcome.status === RAISED) throw replayError(outcome.body, key);
+        if (outcome.status === RAISED) throw replayError(outcome.body, key, keep.classOf);
         return codec.decode(outcome.body);
       case "in_flight":
         throw new InFlightError(`${tool}: another call with key ${key} is running; retry later with the same key`, { key });
@@ -183,7 +236,7 @@ export function idempotent(fn, options = {}) {
       value = await fn(args, ...rest);
     } catch (err) {
       // The function's error is what the caller gets; a store failure meanwhile is a warning.
-      if (keep(err)) {
+      if (keep.keeps(err)) {
         const body = Buffer.from(errorBody(err));
         await keepOutcome(key, () => (ticket.inline ? ticket.finishNow(RAISED, body, "application/json") : ticket.finish(RAISED, body, "application/json")));
       } else {

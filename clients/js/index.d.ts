@@ -17,6 +17,15 @@ export class KeyMismatchError extends IdemError {}
 export class StoreUnavailableError extends IdemError {}
 /** No scope was given and none is in context. */
 export class ScopeMissingError extends IdemError {}
+/** A store URL (unknown scheme, bad parameter), policy value or option is invalid: nothing ran. */
+export class ConfigurationError extends IdemError {}
+/** No key could be derived from the arguments (not JSON: a BigInt, a cycle; an integer beyond 2^53): nothing ran. */
+export class KeyDerivationError extends IdemError {}
+/**
+ * The call's first argument is not a plain object (an object literal or a null-prototype
+ * object): idempotent(fn) keys a call on its first argument only, so it is refused before it runs.
+ */
+export class ToolArgumentsError extends KeyDerivationError {}
 /** The stored result was over `maxResultBytes` and kept as a digest only: it cannot be replayed. */
 export class ResultTooLargeError extends IdemError {}
 
@@ -63,21 +72,37 @@ export interface IdempotentOptions<A extends unknown[]> extends Omit<DeriveOptio
   /** The scope, or a function of the call's arguments that returns it (default: the context's). */
   scope?: ScopeLike | ((...args: A) => ScopeLike);
   ordinal?: number;
-  /** Claim duration without a heartbeat, ms (default 30 000). */
+  /** Claim duration without a heartbeat, in milliseconds (Python's lease is in seconds; default 30 000). */
   lease?: number;
-  /** How long a result is replayed, ms (default 24 h). */
+  /** How long a result is replayed, in milliseconds (default 24 h). */
   retention?: number;
-  /** How long a duplicate waits for a call in flight, ms (default 30 000; null: not at all). */
+  /** How long a duplicate waits for a call in flight, in milliseconds (default 30 000; null: not at all). */
   wait?: number | null;
   /** After a crash mid-call: "reject" (default; OutcomeUnknownError until resolved) or "retry". */
   onAbandoned?: "reject" | "retry";
   /** Larger results are kept as a digest only (default 1 MiB). */
   maxResultBytes?: number;
-  /** Errors (classes or names) that are stored and replayed; any other error releases the key. */
+  /**
+   * Errors (classes or names) that are stored and replayed; any other error releases the key.
+   * A listed class is rebuilt on replay (matched by name), so `instanceof` holds.
+   */
   keepErrors?: Array<(new (...args: any[]) => Error) | string>;
   codec?: Codec;
 }
-/** Makes `fn` retry-safe: a repeated call with the same scope, tool and arguments gets the first result. */
+/**
+ * Makes `fn` retry-safe: a repeated call with the same scope, tool and arguments gets the first result.
+ *
+ * Only the FIRST argument is keyed: `fn` is a tool's `execute(args, options)`, and the rest
+ * (a framework's call options: toolCallId, messages) are passed through but are not part of
+ * the key. The first argument must be a plain object of every argument that makes the intent,
+ * `charge({ customer, amount })`; a call whose first argument is anything else (a string, a
+ * number, an array, a class instance, null) is refused with `ToolArgumentsError` before it
+ * runs, since `pay("cus_1", 4900)` then `pay("cus_1", 9900)` would otherwise replay the first.
+ * A call with no arguments at all is keyed as `null`.
+ *
+ * A thrown error in `keepErrors` is stored and replayed: as an instance of the listed class
+ * of its name (built with the stored message), else as an Error of that name.
+ */
 export function idempotent<A extends unknown[], R>(
   fn: (...args: A) => Promise<R> | R,
   options?: IdempotentOptions<A>,

@@ -8,14 +8,17 @@ import { promisify } from "node:util";
 import { Worker } from "node:worker_threads";
 
 import {
+  ConfigurationError,
   IdemError,
   InFlightError,
+  KeyDerivationError,
   KeyMismatchError,
   OutcomeUnknownError,
   ResultTooLargeError,
   Scope,
   ScopeMissingError,
   StoreUnavailableError,
+  ToolArgumentsError,
   currentScope,
   deriveKey,
   idempotent,
@@ -74,9 +77,70 @@ test("a thrown error releases the key by default; keepErrors stores and replays 
   }, { tool: "card", store: memory(), keepErrors: [Declined] });
   await withScope(scopeId("keep"), async () => {
     await assert.rejects(card({}), Declined);
-    await assert.rejects(card({}), (e) => e.name === "Declined" && e.message === "card declined" && e.replayed === true);
+    await assert.rejects(card({}), (e) => e instanceof Declined && e.name === "Declined" && e.message === "card declined" && e.replayed === true);
   });
   assert.equal(m, 1);
+});
+
+test("a kept error replays as its keepErrors class, matched by name; a class it cannot build gives a named Error", async () => {
+  class Unnamed extends Error {} // no name of its own: kept under its class's name
+  class Picky extends Error {
+    constructor(message, code) {
+      if (code === undefined) throw new TypeError("Picky needs a code");
+      super(message);
+      this.name = "Picky";
+    }
+  }
+  const errors = [new Unnamed("no funds"), new Picky("too picky", 7), Object.assign(new Error("by name"), { name: "Named" })];
+  const ran = [];
+  for (const err of errors) {
+    const t = idempotent(async () => {
+      ran.push(err);
+      throw err;
+    }, { tool: "kept", store: memory(), keepErrors: [Unnamed, Picky, "Named"] });
+    await withScope(scopeId("rebuild"), async () => {
+      await assert.rejects(t({}), (e) => e === err);
+      await assert.rejects(t({}), (e) => e !== err && e.replayed === true && e.message === err.message && e.name === err.name);
+    });
+  }
+  assert.equal(ran.length, 3);
+  await withScope(scopeId("rebuild-classes"), async () => {
+    const unnamed = idempotent(async () => { throw new Unnamed("again"); }, { tool: "u", store: memory(), keepErrors: [Unnamed] });
+    await assert.rejects(unnamed({}), Unnamed);
+    await assert.rejects(unnamed({}), (e) => e instanceof Unnamed && e.replayed === true);
+    const picky = idempotent(async () => { throw new Picky("again", 1); }, { tool: "p", store: memory(), keepErrors: [Picky] });
+    await assert.rejects(picky({}), Picky);
+    await assert.rejects(picky({}), (e) => !(e instanceof Picky) && e instanceof Error && e.name === "Picky" && e.replayed === true);
+  });
+});
+
+test("only the first argument is keyed: a call whose first argument is not a plain object is refused before it runs", async () => {
+  const { fn, calls } = counter();
+  const pay = idempotent(fn, { tool: "pay", store: memory(), scope: scopeId("positional") });
+  for (const first of ["cus_1", 4900, null, undefined, ["cus_1", 4900], new Date(0), new (class Args {})()]) {
+    await assert.rejects(pay(first, 9900), (e) =>
+      e instanceof ToolArgumentsError && e instanceof KeyDerivationError && e instanceof IdemError &&
+      /keys a call on its first argument/.test(e.message) && /fn\(\{ customer, amount \}\)/.test(e.message));
+  }
+  assert.equal(calls.length, 0);
+  // A plain object, or one without a prototype, is the arguments; what follows is not keyed.
+  assert.deepEqual((await pay({ customer: "cus_1", amount: 4900 }, { toolCallId: "a" })).n, 1);
+  assert.deepEqual((await pay({ customer: "cus_1", amount: 4900 }, { toolCallId: "b" })).n, 1);
+  assert.deepEqual((await pay(Object.assign(Object.create(null), { customer: "cus_1", amount: 9900 }))).n, 2);
+  assert.deepEqual((await pay()).n, 3); // no arguments at all: keyed as null
+});
+
+test("arguments that are not JSON and a mistyped store URL are typed errors; nothing runs", async () => {
+  const { fn, calls } = counter();
+  const t = idempotent(fn, { tool: "t", store: memory(), scope: scopeId("json") });
+  const cyclic = { a: 1 };
+  cyclic.self = cyclic;
+  await assert.rejects(t({ amount: 10n }), (e) => e instanceof KeyDerivationError && /BigInt/.test(e.message));
+  await assert.rejects(t(cyclic), (e) => e instanceof KeyDerivationError && /circular/i.test(e.message));
+  await assert.rejects(t({ id: 2 ** 60 }), (e) => e instanceof KeyDerivationError && /2\^53/.test(e.message));
+  const typo = idempotent(fn, { tool: "t", store: "postgress://localhost/db", scope: "s" });
+  await assert.rejects(typo({}), (e) => e instanceof ConfigurationError && e instanceof IdemError && /unknown scheme "postgress"/.test(e.message));
+  assert.equal(calls.length, 0);
 });
 
 test("the scope comes from the option, a function of the arguments, or the context; never invented", async () => {
@@ -157,7 +221,7 @@ test("bad declarations fail when wrapping; an unusable store fails closed", asyn
   assert.throws(() => idempotent(async () => 1), /no name/);
   assert.throws(() => idempotent(async function t() {}, { keyfields: ["a"] }), /unknown option keyfields/);
   assert.throws(() => idempotent(async function t() {}, { lease: 1 }), /lease/);
-  assert.throws(() => idempotent(async function t() {}, { onAbandoned: "maybe" }), TypeError);
+  assert.throws(() => idempotent(async function t() {}, { onAbandoned: "maybe" }), ConfigurationError);
   assert.throws(() => idempotent(async function t() {}, { keyFields: ["a..b"] }), /malformed/);
   let ran = false;
   const t = idempotent(async () => (ran = true), { tool: "t", store: "postgres://postgres@127.0.0.1:1/none", scope: "s" });

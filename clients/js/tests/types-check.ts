@@ -5,10 +5,13 @@ import { z } from "zod";
 import { Client } from "@modelcontextprotocol/sdk/client/index.js";
 
 import {
+  ConfigurationError,
   IdemError,
   InFlightError,
+  KeyDerivationError,
   OutcomeUnknownError,
   Scope,
+  ToolArgumentsError,
   currentScope,
   deriveKey,
   idemFetch,
@@ -42,6 +45,7 @@ export async function main(): Promise<string> {
   } catch (e) {
     if (e instanceof InFlightError || e instanceof OutcomeUnknownError) console.log(e.key);
     if (e instanceof IdemError) console.log(e.message);
+    if (e instanceof ToolArgumentsError || e instanceof KeyDerivationError || e instanceof ConfigurationError) console.log(e.key);
   }
   const res: Response = await idemFetch("http://localhost/charge", { idem: { tool: "charge_card", args: { a: 1 }, scope: "run-1" } });
   const tools = withIdempotency(
