@@ -184,8 +184,10 @@ export function idempotent(fn, options = {}) {
     let outcome = null;
     try {
       store ??= await openStore(url);
-      // A memory: store answers on this thread (no I/O). Only a wait for a duplicate in
-      // flight, and every call of a store with I/O, goes to libuv's thread pool.
+      // A memory: store answers on this thread (no I/O); a store with I/O on libuv's thread
+      // pool. A wait for a duplicate in flight goes to a thread of its own, not the pool:
+      // waiting there, duplicates could hold every pool thread and starve the first call's
+      // finish, the store write that would end their wait.
       if (store.inline) {
         if (explicit) {
           outcome = spec.beginNow(store, key, argsJson);
@@ -194,10 +196,12 @@ export function idempotent(fn, options = {}) {
           key = outcome.key;
           if (outcome.kind === "wait") outcome = null;
         }
-      } else if (!explicit) {
-        key = spec.derive(scope.id, argsJson, ordinal);
+      } else {
+        if (!explicit) key = spec.derive(scope.id, argsJson, ordinal);
+        outcome = await spec.begin(store, key, argsJson);
+        if (outcome.kind === "wait") outcome = null;
       }
-      outcome ??= await spec.begin(store, key, argsJson);
+      outcome ??= await spec.beginWaiting(store, key, argsJson);
     } catch (e) {
       if (e instanceof StoreUnavailableError) throw Object.assign(e, { key });
       const typed = fromNative(e, key);

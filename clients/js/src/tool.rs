@@ -1,8 +1,9 @@
-//! A store and a tool declared on it: `begin` on libuv's thread pool.
+//! A store and a tool declared on it: `begin` on libuv's thread pool, a wait on a thread of
+//! its own.
 
 use std::time::Duration;
 
-use napi::bindgen_prelude::{AsyncTask, Buffer};
+use napi::bindgen_prelude::{AsyncTask, Buffer, Object};
 use napi::{Env, Task};
 use napi_derive::napi;
 
@@ -11,7 +12,7 @@ use idem_stores::StoreUrl;
 
 use crate::derive::{derive_text, ordinal, parse_fields};
 use crate::ticket::Ticket;
-use crate::{embed_error, js_error};
+use crate::{embed_error, js_error, on_own_thread};
 
 /// An open store (one engine per URL per process, shared by every tool and worker thread).
 #[napi]
@@ -190,7 +191,7 @@ impl Tool {
     /// Derives the key of a call in `scope` and claims it on this thread, for an inline
     /// (`memory:`) store only, parsing the arguments once: the replay path of a `memory:`
     /// store in one crossing. Kind `wait` (with `key`) when a duplicate is in flight and the
-    /// tool waits for it: then call [`Tool::begin`] with that key.
+    /// tool waits for it: then call [`Tool::begin_waiting`] with that key.
     #[napi]
     pub fn derive_and_begin_now(
         &self,
@@ -236,12 +237,11 @@ impl Tool {
     }
 
     fn must_wait(&self, started: &Started) -> bool {
-        self.waits && matches!(started, Started::Prior(p) if p.kind == PriorKind::InFlight)
+        must_wait(self.waits, started)
     }
 
     /// Claims `key` on this thread, for an inline (`memory:`) store only. `null` when a
-    /// duplicate is in flight and the tool waits for it: then call [`Tool::begin`], which
-    /// waits on the thread pool.
+    /// duplicate is in flight and the tool waits for it: then call [`Tool::begin_waiting`].
     #[napi]
     pub fn begin_now(
         &self,
@@ -264,18 +264,42 @@ impl Tool {
         Ok(Some(outcome(started, true)))
     }
 
-    /// Claims `key` for a call with these arguments, off the event loop (it may wait for a
-    /// duplicate in flight).
+    /// Claims `key` for a call with these arguments on libuv's thread pool, without waiting:
+    /// kind `wait` when a duplicate is in flight and the tool waits for it; then call
+    /// [`Tool::begin_waiting`].
     #[napi(ts_return_type = "Promise<BeginOutcome>")]
     pub fn begin(&self, store: &Store, key: String, args_json: String) -> AsyncTask<Begin> {
         AsyncTask::new(Begin {
             store: store.inner.clone(),
             tool: self.name.clone(),
-            policy: self.policy.clone(),
+            policy: self.at_once.clone(),
+            waits: self.waits,
             fields: self.fields.clone(),
             key,
             args_json,
         })
+    }
+
+    /// Claims `key`, waiting for a duplicate in flight, on a thread of its own (see
+    /// [`on_own_thread`]): a wait must not hold a thread of libuv's pool, where the `finish`
+    /// that would end it runs.
+    #[napi(ts_return_type = "Promise<BeginOutcome>")]
+    pub fn begin_waiting<'env>(
+        &self,
+        env: &'env Env,
+        store: &Store,
+        key: String,
+        args_json: String,
+    ) -> napi::Result<Object<'env>> {
+        let store = store.inner.clone();
+        let tool = self.name.clone();
+        let policy = self.policy.clone();
+        let fields = self.fields.clone();
+        on_own_thread(
+            env,
+            move || begin(&store, &key, &tool, &args_json, fields.as_ref(), &policy),
+            |started| Ok(outcome(started, false)),
+        )
     }
 }
 
@@ -284,7 +308,9 @@ impl Tool {
 pub struct Begin {
     store: idem_embed::Store,
     tool: String,
+    /// The tool's policy without the wait.
     policy: ToolPolicy,
+    waits: bool,
     fields: Option<KeyFields>,
     key: String,
     args_json: String,
@@ -306,8 +332,19 @@ impl Task for Begin {
     }
 
     fn resolve(&mut self, _env: Env, started: Started) -> napi::Result<BeginOutcome> {
+        if must_wait(self.waits, &started) {
+            return Ok(BeginOutcome {
+                kind: "wait".into(),
+                ..BeginOutcome::default()
+            });
+        }
         Ok(outcome(started, false))
     }
+}
+
+/// A claim made without waiting met a duplicate in flight, and the tool waits for it.
+fn must_wait(waits: bool, started: &Started) -> bool {
+    waits && matches!(started, Started::Prior(p) if p.kind == PriorKind::InFlight)
 }
 
 fn inline_only(store: &Store) -> napi::Result<()> {
@@ -374,7 +411,8 @@ fn outcome(started: Started, inline: bool) -> BeginOutcome {
 #[derive(Default)]
 pub struct BeginOutcome {
     /// `execute`, `replayed`, `in_flight`, `mismatch` or `unknown` (or, from
-    /// `deriveAndBeginNow`, `wait`: call `begin` to wait for a duplicate in flight).
+    /// `deriveAndBeginNow` or `begin`, `wait`: call `beginWaiting` to wait for a duplicate in
+    /// flight).
     pub kind: String,
     /// From `deriveAndBeginNow`: the derived key.
     pub key: Option<String>,

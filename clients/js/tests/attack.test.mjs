@@ -1,9 +1,8 @@
 // Adversarial: more duplicates of one call in flight, in one process, than libuv's thread pool
-// has threads (UV_THREADPOOL_SIZE, 4 by default). Each duplicate waiting for the call holds a
-// pool thread (its `begin` is an AsyncTask), and the first call's `finish` is an AsyncTask on
-// the same pool, queued behind them: the result is stored only when their wait runs out, and
-// every one of them fails with InFlightError. Known, not fixed yet (the finish needs a thread
-// of its own, or the wait must not hold a pool thread): marked todo so the run stays green.
+// has threads (UV_THREADPOOL_SIZE, 4 by default). When `begin` and `finish` ran on that pool
+// (AsyncTasks) only, each waiting duplicate held a pool thread and the first call's `finish` queued
+// behind them: the result was stored only when their wait ran out, and they failed with
+// InFlightError. A waiting `begin` now runs on a thread of its own (src/lib.rs, on_own_thread).
 import { test } from "node:test";
 import assert from "node:assert/strict";
 import { join } from "node:path";
@@ -13,7 +12,6 @@ import { tmp } from "./helpers.mjs";
 
 test(
   "duplicates beyond libuv's pool size all get the first call's result",
-  { todo: "libuv pool starvation: waiting duplicates block the first call's finish" },
   async (t) => {
     const ran = [];
     const op = idempotent(
