@@ -6,7 +6,7 @@
 //! boundary and moves every call that may block off Node's event loop: opening a store,
 //! `begin` and `finish` onto libuv's thread pool (an [`napi::bindgen_prelude::AsyncTask`]),
 //! and a `begin` that waits for a duplicate in flight onto a thread of its own
-//! ([`on_own_thread`]).
+//! (`on_own_thread`).
 //! The JavaScript side (`index.js`) holds the scope context, the codec and the typed errors.
 //!
 //! Arguments cross as JSON text (`JSON.stringify` on the JavaScript side): one conversion,

@@ -281,7 +281,7 @@ impl Tool {
     }
 
     /// Claims `key`, waiting for a duplicate in flight, on a thread of its own (see
-    /// [`on_own_thread`]): a wait must not hold a thread of libuv's pool, where the `finish`
+    /// `on_own_thread`): a wait must not hold a thread of libuv's pool, where the `finish`
     /// that would end it runs.
     #[napi(ts_return_type = "Promise<BeginOutcome>")]
     pub fn begin_waiting<'env>(
