@@ -69,7 +69,7 @@ def idem(*args: str, env=None, check=True) -> subprocess.CompletedProcess:
 def subprocess_env() -> dict:
     """The environment for a child Python that imports this checkout's package."""
     env = dict(os.environ)
-    if os.environ.get("IDEM_TEST_INSTALLED") != "1":
+    if _built_in_place and os.environ.get("IDEM_TEST_INSTALLED") != "1":
         env["PYTHONPATH"] = os.pathsep.join(
             [str(PACKAGE), str(HERE)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else [])
         )
