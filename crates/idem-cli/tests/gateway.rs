@@ -152,6 +152,11 @@ async fn every_row_of_the_table_through_the_real_gateway() {
         "\nidem_completions_lost_total 0",
         r#"idem_store_errors_total{op="complete"} 0"#,
         r#"idem_requests_total{outcome="not_sent"} 0"#,
+        // The completed-record cache's counters, for the dashboards (design §13).
+        "\nidem_cache_hits_total 0",
+        "\nidem_cache_misses_total 0",
+        // The background purge is a metered store call like the engine's.
+        r#"idem_store_call_seconds_count{op="purge"}"#,
     ] {
         assert!(
             metrics.body.contains(want),
