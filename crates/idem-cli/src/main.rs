@@ -15,6 +15,11 @@ use tracing_subscriber::util::SubscriberInitExt as _;
 use crate::cli::{Cli, Command};
 
 fn main() -> ExitCode {
+    // One rustls crypto provider for the whole process (ring, as the workspace pins it):
+    // reqwest, built with rustls but no provider of its own (idem mcp's upstream client), finds
+    // none otherwise and panics when any client is built, `idem demo`'s plain-HTTP one and the
+    // OTLP exporter's too; so it comes first.
+    let _ = rustls::crypto::ring::default_provider().install_default();
     // rmcp's transport worker logs an ERROR for every connection attempt it gives up on;
     // idem reports what that means itself (a refused start, a tool error result), so by
     // default those lines are noise. IDEM_LOG replaces the whole default.
@@ -39,10 +44,6 @@ fn main() -> ExitCode {
     if let Some(e) = refused {
         tracing::warn!("{e}");
     }
-    // One rustls crypto provider for the whole process (ring, as the workspace pins it):
-    // reqwest, built with rustls but no provider of its own (idem mcp's upstream client), finds
-    // none otherwise and panics when any client is built, `idem demo`'s plain-HTTP one too.
-    let _ = rustls::crypto::ring::default_provider().install_default();
     let cli = Cli::parse();
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()

@@ -11,6 +11,9 @@ use tracing_opentelemetry::OpenTelemetrySpanExt;
 /// they name one. Call it on a span just opened, before it is entered: a span's parent is
 /// fixed once it starts. Without such headers the span stays a child of the current span.
 pub fn continue_remote(span: &Span, headers: &http::HeaderMap) {
+    if span.is_disabled() {
+        return; // nobody records it: not even the headers are read
+    }
     let parent = global::get_text_map_propagator(|p| p.extract(&HeaderExtractor(headers)));
     if parent.span().span_context().is_valid() {
         // Fails only without an OpenTelemetry layer, when there is nothing to continue.
@@ -22,7 +25,11 @@ pub fn continue_remote(span: &Span, headers: &http::HeaderMap) {
 /// caller sent, whose trace the current span continues), so the upstream's spans join the
 /// trace. Writes nothing when no trace is being exported.
 pub fn inject(headers: &mut http::HeaderMap) {
-    let cx = Span::current().context();
+    let span = Span::current();
+    if span.is_disabled() {
+        return;
+    }
+    let cx = span.context();
     if cx.span().span_context().is_valid() {
         global::get_text_map_propagator(|p| p.inject_context(&cx, &mut HeaderInjector(headers)));
     }
