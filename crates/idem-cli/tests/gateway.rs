@@ -251,12 +251,7 @@ async fn sigterm_drains_in_flight_requests() {
     let mut g = start_gateway(&format!("http://{up_addr}"), "");
     let in_flight = spawn_slow_charge(&g, "drain", 700);
     tokio::time::sleep(Duration::from_millis(200)).await;
-    let pid = g.child.id().to_string();
-    let killed = Command::new("kill")
-        .args(["-TERM", &pid])
-        .status()
-        .unwrap_or_else(|e| panic!("{e}"));
-    assert!(killed.success());
+    g.terminate();
     let r = in_flight.await.unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(r.status, 201, "the in-flight request was cut: {}", r.body);
     let status = g.child.wait().unwrap_or_else(|e| panic!("{e}"));

@@ -4,7 +4,6 @@
 
 mod support;
 
-use std::process::Command;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -30,14 +29,7 @@ async fn start_collector() -> (std::net::SocketAddr, Arc<Mutex<Vec<u8>>>) {
             ),
         )
         .with_state(received.clone());
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .unwrap_or_else(|e| panic!("{e}"));
-    let addr = listener.local_addr().unwrap_or_else(|e| panic!("{e}"));
-    tokio::spawn(async move {
-        let _ = axum::serve(listener, app).await;
-    });
-    (addr, received)
+    (serve_on_loopback(app).await, received)
 }
 
 fn contains(haystack: &[u8], needle: &str) -> bool {
@@ -76,12 +68,7 @@ async fn otel_variables_turn_on_spans_that_continue_the_callers_trace_upstream()
     );
 
     // SIGTERM flushes the spans still queued before the process exits.
-    let pid = g.child.id().to_string();
-    let killed = Command::new("kill")
-        .args(["-TERM", &pid])
-        .status()
-        .unwrap_or_else(|e| panic!("{e}"));
-    assert!(killed.success());
+    g.terminate();
     let status = g.child.wait().unwrap_or_else(|e| panic!("{e}"));
     assert!(status.success(), "exit after SIGTERM: {status:?}");
     // The export may still be on its way through the collector's task.

@@ -26,6 +26,17 @@ impl Listens for Gateway {
     }
 }
 
+impl Gateway {
+    /// Sends the gateway SIGTERM (a graceful stop), as an orchestrator would.
+    pub fn terminate(&self) {
+        let killed = Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status()
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert!(killed.success());
+    }
+}
+
 impl Drop for Gateway {
     fn drop(&mut self) {
         let _ = self.child.kill();
