@@ -65,8 +65,6 @@ pub fn request(call: Call<'_>) -> Span {
             gen_ai.operation.name = "execute_tool",
             gen_ai.tool.name = name,
             gen_ai.tool.call.id = call_id,
-            // Kept for the log lines of the engine about this call, as before.
-            tool = name,
             idem.outcome = Empty,
             idem.scope_hash = Empty,
             idem.key = Empty,
