@@ -1,6 +1,7 @@
 //! The spans of keyed requests and tool calls as an OpenTelemetry collector receives them: the
-//! front ends' span ([`idem_core::span::request`]) around the real engine, through the layer
-//! the `idem` binary installs, into the SDK's in-memory exporter.
+//! front ends' span ([`idem_core::span::request`]) around the real engine, and `idem mcp`'s
+//! own call path, through the layer the `idem` binary installs, into the SDK's in-memory
+//! exporter.
 
 use std::future::Future;
 
@@ -172,4 +173,46 @@ fn keyed_http_requests_name_their_method_and_continue_the_callers_trace() {
         sent,
         format!("00-{caller_trace}-{}-01", span.span_context.span_id())
     );
+}
+
+#[test]
+fn the_mcp_proxys_tool_calls_are_execute_tool_spans() {
+    use idem_mcp::{Forwarded, Guard, ToolPolicy};
+    let scope = Scope::new("mcp").expect("a scope");
+    let spans = exported(|| async {
+        let guard = Guard::new(MemoryStore::new());
+        for (key, answer) in [("m-1", true), ("m-1", true), ("m-2", false)] {
+            let reply = guard
+                .call(
+                    "send_email",
+                    scope.clone(),
+                    Key::new(key).expect("a valid key"),
+                    Fingerprint::json_call("send_email", &serde_json::json!({"to": "a@b.c"})),
+                    &ToolPolicy::default(),
+                    move || async move {
+                        if answer {
+                            let done = serde_json::json!({"content": [], "isError": false});
+                            Forwarded::Result(idem_mcp::call::raw(&done))
+                        } else {
+                            Forwarded::Lost("no answer".to_owned())
+                        }
+                    },
+                )
+                .await;
+            assert!(reply.is_ok(), "{reply:?}");
+        }
+    });
+    let outcomes: Vec<_> = spans.iter().map(|s| text(s, "idem.outcome")).collect();
+    assert_eq!(
+        outcomes,
+        ["executed", "replayed", "unknown"].map(|o| Some(o.to_owned()))
+    );
+    for span in &spans {
+        assert_eq!(span.name, "execute_tool send_email");
+        assert_eq!(
+            text(span, "gen_ai.tool.name").as_deref(),
+            Some("send_email")
+        );
+        assert_eq!(text(span, "idem.scope_hash"), Some(scope_hash(&scope)));
+    }
 }
