@@ -15,6 +15,7 @@ import {
   fromNative,
 } from "./errors.js";
 import { resolveScope } from "./scope.js";
+import * as otel from "./otel.js";
 
 /** The CLI's default store (idem_stores::DEFAULT_STORE), so `idem inspect KEY` finds records with no flag. */
 export const DEFAULT_STORE = "sqlite:idem.db";
@@ -169,7 +170,11 @@ export function idempotent(fn, options = {}) {
 
   let store = null; // the open store, once openStore has answered
 
-  async function call(...all) {
+  function call(...all) {
+    return otel.withToolSpan(tool, all[1], (span) => run(span, all));
+  }
+
+  async function run(span, all) {
     const [args, ...rest] = all;
     if (all.length > 0) plainArguments(tool, args);
     let argsJson;
@@ -207,9 +212,11 @@ export function idempotent(fn, options = {}) {
       const typed = fromNative(e, key);
       throw typed instanceof DeriveError ? new KeyDerivationError(`${tool}: ${typed.message}; nothing ran`, { key, cause: e }) : typed;
     }
+    otel.claimed(span, scope?.id, key);
+    if (outcome.kind !== "execute") otel.outcome(span, outcome.kind);
     switch (outcome.kind) {
       case "execute":
-        return execute(outcome.ticket, key, args, rest);
+        return execute(span, outcome.ticket, key, args, rest);
       case "replayed":
         if (outcome.body == null) {
           throw new ResultTooLargeError(
@@ -234,12 +241,13 @@ export function idempotent(fn, options = {}) {
     }
   }
 
-  async function execute(ticket, key, args, rest) {
+  async function execute(span, ticket, key, args, rest) {
     let value;
     try {
       value = await fn(args, ...rest);
     } catch (err) {
       // The function's error is what the caller gets; a store failure meanwhile is a warning.
+      otel.outcome(span, keep.keeps(err) ? "executed" : "not_sent");
       if (keep.keeps(err)) {
         const body = Buffer.from(errorBody(err));
         await keepOutcome(key, () => (ticket.inline ? ticket.finishNow(RAISED, body, "application/json") : ticket.finish(RAISED, body, "application/json")));
@@ -254,12 +262,14 @@ export function idempotent(fn, options = {}) {
       body = typeof encoded === "string" ? Buffer.from(encoded) : Buffer.from(encoded.buffer, encoded.byteOffset, encoded.byteLength);
     } catch (err) {
       // The function acted; without its result a retry must not run it again.
+      otel.outcome(span, "unknown");
       await keepOutcome(key, () => ticket.unknown());
       throw new TypeError(
         `${tool}: the result could not be encoded (${err.message}), so key ${key} is marked outcome-unknown; use a codec that can encode it`,
         { cause: err },
       );
     }
+    otel.outcome(span, "executed");
     await keepOutcome(key, () => (ticket.inline ? ticket.finishNow(RETURNED, body, codec.mediaType) : ticket.finish(RETURNED, body, codec.mediaType)));
     return value;
   }

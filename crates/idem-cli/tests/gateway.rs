@@ -152,6 +152,11 @@ async fn every_row_of_the_table_through_the_real_gateway() {
         "\nidem_completions_lost_total 0",
         r#"idem_store_errors_total{op="complete"} 0"#,
         r#"idem_requests_total{outcome="not_sent"} 0"#,
+        // The completed-record cache's counters, for the dashboards (design §13).
+        "\nidem_cache_hits_total 0",
+        "\nidem_cache_misses_total 0",
+        // The background purge is a metered store call like the engine's.
+        r#"idem_store_call_seconds_count{op="purge"}"#,
     ] {
         assert!(
             metrics.body.contains(want),
@@ -246,12 +251,7 @@ async fn sigterm_drains_in_flight_requests() {
     let mut g = start_gateway(&format!("http://{up_addr}"), "");
     let in_flight = spawn_slow_charge(&g, "drain", 700);
     tokio::time::sleep(Duration::from_millis(200)).await;
-    let pid = g.child.id().to_string();
-    let killed = Command::new("kill")
-        .args(["-TERM", &pid])
-        .status()
-        .unwrap_or_else(|e| panic!("{e}"));
-    assert!(killed.success());
+    g.terminate();
     let r = in_flight.await.unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(r.status, 201, "the in-flight request was cut: {}", r.body);
     let status = g.child.wait().unwrap_or_else(|e| panic!("{e}"));

@@ -15,6 +15,7 @@
 //!   with in-process waiting for duplicates.
 //! - [`problem`]: the names of refusals, shared by every protocol.
 //! - [`outcome`]: what became of each request, counted the same way everywhere.
+//! - [`span`]: the tracing span of each keyed request or tool call, and its attributes.
 //! - [`clock`]: time, injected so tests can move it.
 //!
 //! The behaviour all of this follows is specified in `docs/design.md`; doc comments across the
@@ -37,6 +38,7 @@ pub mod problem;
 pub mod record;
 pub mod report;
 pub mod scope;
+pub mod span;
 pub mod store;
 
 pub use clock::{Clock, ManualClock, SystemClock, Timestamp};

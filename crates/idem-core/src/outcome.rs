@@ -36,6 +36,8 @@ pub fn register_metrics() {
     }
     for name in [
         "idem_abandoned_records_total",
+        "idem_cache_hits_total",
+        "idem_cache_misses_total",
         "idem_completions_lost_total",
         "idem_purged_records_total",
     ] {
@@ -85,9 +87,22 @@ impl Outcome {
         }
     }
 
+    /// The value of the span attribute `idem.outcome` ([`crate::span`]): the words the
+    /// language packages use for what a call met (`in_flight`, `unknown`), the label's
+    /// elsewhere.
+    pub const fn attribute(self) -> &'static str {
+        match self {
+            Outcome::Conflict => "in_flight",
+            Outcome::OutcomeUnknown => "unknown",
+            other => other.as_str(),
+        }
+    }
+
     /// Adds one to `idem_requests_total{outcome}` through the `metrics` facade (a no-op when
-    /// no recorder is installed).
+    /// no recorder is installed), and records `idem.outcome` on the request's span, if the
+    /// current span is one: one call, so the two never disagree.
     pub fn count(self) {
         metrics::counter!("idem_requests_total", "outcome" => self.as_str()).increment(1);
+        crate::span::record_outcome(self);
     }
 }

@@ -302,6 +302,8 @@ impl Proxy {
             }
         }
         headers.insert("x-forwarded-proto", HeaderValue::from_static("http"));
+        // The upstream's spans join the keyed request's trace (when traces are exported).
+        idem_telemetry::inject(headers);
 
         // A body streamed from the client (no key: the layer buffered keyed ones already) must
         // arrive within `body_read`; past it the upstream sees the body fail, and the client's

@@ -84,8 +84,11 @@ pub async fn serve<St: Store + Clone>(
             let _ = tokio::time::timeout(drain, graceful.shutdown()).await;
         }
     });
+    // Metered like every other store call, so a purge's time and failures are in
+    // idem_store_call_seconds / idem_store_errors_total{op="purge"} and its count in
+    // idem_purged_records_total, from the one wrapper that counts them.
     let purge_task = tokio::spawn(purge_loop(
-        store,
+        idem_core::store::MeteredStore::new(store),
         settings.purge_interval,
         settings.purge_batch,
     ));
@@ -254,7 +257,6 @@ async fn purge_loop<St: Store>(store: St, interval: Duration, batch: usize) {
         loop {
             match store.purge_expired(batch).await {
                 Ok(n) => {
-                    metrics::counter!("idem_purged_records_total").increment(n as u64);
                     if n < batch {
                         break;
                     }

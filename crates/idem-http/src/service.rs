@@ -14,6 +14,7 @@ use idem_core::{
     Anonymous, Answer, Effect, Engine, Fingerprint, Key, Outcome, Scope, Store, StoredBody,
 };
 use tower_service::Service;
+use tracing::Instrument;
 
 use crate::capture::{
     append_headers, content_type, from_stored, is_per_caller, mark_replayed, to_stored,
@@ -262,6 +263,12 @@ impl<St: Store> Shared<St> {
             content_type(&parts.headers),
             &body,
         );
+        // The request's span (design §13), continuing the caller's trace; the engine fills in
+        // what it decides, and the inner service (the gateway's forward) runs inside it.
+        let span = idem_core::span::request(idem_core::span::Call::Http {
+            method: parts.method.as_str(),
+        });
+        idem_telemetry::continue_remote(&span, &parts.headers);
         let work = (inner, Request::from_parts(parts, full(body)));
         let (max_response, problem_base) = (
             self.config.max_response_bytes,
@@ -275,6 +282,7 @@ impl<St: Store> Shared<St> {
             .run(scope, key, fingerprint, &policy.engine, move || {
                 execute(work, max_response, problem_base, shared)
             })
+            .instrument(span)
             .await;
         let Ok(answer) = answer else {
             return Ok(self.problem(&Problem::StoreUnavailable));

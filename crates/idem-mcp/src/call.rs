@@ -154,8 +154,12 @@ impl<S: Store + Clone> Guard<S> {
         F: FnOnce() -> Fut + Send + 'static,
         Fut: Future<Output = Forwarded> + Send + 'static,
     {
-        // The tool's name goes with every log line of the engine about this call.
-        let span = tracing::info_span!("tool_call", tool);
+        // The call's span (design §13): the tool's name goes with every log line of the engine
+        // about this call, and the GenAI attributes and the outcome to a trace.
+        let span = idem_core::span::request(idem_core::span::Call::Tool {
+            name: tool,
+            call_id: None,
+        });
         let run = self.clone().run(
             tool.to_owned(),
             scope,

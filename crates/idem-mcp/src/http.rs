@@ -359,6 +359,8 @@ fn to_upstream<S>(st: &Shared<S>, method: Method, headers: &HeaderMap) -> reqwes
     for (name, value) in &st.upstream.headers {
         out.insert(name.clone(), value.clone());
     }
+    // Inside a tool call's span, the upstream's spans join its trace.
+    idem_telemetry::inject(&mut out);
     st.client.request(method, &st.upstream.url).headers(out)
 }
 

@@ -30,7 +30,7 @@ import os
 import threading
 from typing import Any, Callable, Optional, Sequence, Tuple, Type, Union
 
-from . import _native
+from . import _native, _otel
 from ._codec import JSON, Codec
 from ._keys import KEY_ARGUMENT, Binder, args_json, field_roots, parse_key_fields
 from ._scope import Scope, current_scope
@@ -286,16 +286,21 @@ class _Tool:
     # -- after the call --------------------------------------------------------------------
 
     def settle_error(self, ticket: Any, e: BaseException) -> str:
+        """Keeps, marks unknown or releases the key of a call that raised ``e``; answers the
+        call's outcome (``executed``, ``unknown``, ``not_sent``)."""
         if self.keep_errors and isinstance(e, self.keep_errors):
             message = _message(e)
             body = json.dumps(
                 {"type": _qualname(type(e)), "message": message, "args": _json_args(e, message)},
                 ensure_ascii=False,
             ).encode()
-            return ticket.finish_result(_native.RAISED, body, "application/json")
+            ticket.finish_result(_native.RAISED, body, "application/json")
+            return "executed"
         if (self.unknown_errors and isinstance(e, self.unknown_errors)) or not isinstance(e, Exception):
-            return ticket.finish_unknown()
-        return ticket.finish_not_run()
+            ticket.finish_unknown()
+            return "unknown"
+        ticket.finish_not_run()
+        return "not_sent"
 
     def settle_result(self, ticket: Any, key: str, result: Any) -> str:
         try:
@@ -413,20 +418,26 @@ _Prior = _native.Prior
 
 def _sync_wrapper(t: _Tool) -> Callable[..., Any]:
     def run(args: tuple, kwargs: dict, with_outcome: bool) -> Any:
-        start, args, kwargs = t.prepare(args, kwargs)
-        key, started = _start(t.store(), start)
-        if started.__class__ is _Prior:
-            value = t.answer(started, key)
-            if with_outcome:
-                return value, Outcome(key, True, started.attempts, started.replays)
-            return value
-        try:
-            result = t.fn(*args, **kwargs)
-        except BaseException as e:
-            t.settle_error(started, e)
-            raise
-        saved = t.settle_result(started, key, result)
-        return (result, Outcome(key, False, saved=saved)) if with_outcome else result
+        with _otel.tool_span(t.tool) as span:
+            start, args, kwargs = t.prepare(args, kwargs)
+            key, started = _start(t.store(), start)
+            _otel.claimed(span, start[1], key)
+            if started.__class__ is _Prior:
+                _otel.outcome(span, started.kind)
+                value = t.answer(started, key)
+                if with_outcome:
+                    return value, Outcome(key, True, started.attempts, started.replays)
+                return value
+            try:
+                result = t.fn(*args, **kwargs)
+            except BaseException as e:
+                _otel.outcome(span, t.settle_error(started, e))
+                raise
+            # A result that cannot be encoded leaves the key unknown (settle_result raises).
+            _otel.outcome(span, "unknown")
+            saved = t.settle_result(started, key, result)
+            _otel.outcome(span, "executed")
+            return (result, Outcome(key, False, saved=saved)) if with_outcome else result
 
     def call_with_outcome(*args: Any, **kwargs: Any) -> Tuple[Any, Outcome]:
         return run(args, kwargs, True)  # type: ignore[no-any-return]
@@ -493,20 +504,27 @@ def _async_wrapper(t: _Tool) -> Callable[..., Any]:
     # The engine's blocking halves run in a worker thread (the GIL released inside), so the
     # event loop goes on while a store answers or a duplicate is waited for.
     async def call_with_outcome(*args: Any, **kwargs: Any) -> Tuple[Any, Outcome]:
-        start, args, kwargs = t.prepare(args, kwargs)
-        store = t.store()
-        key, started = await _claim(store, start)
-        if started.__class__ is _Prior:
-            value = t.answer(started, key)
-            return value, Outcome(key, True, started.attempts, started.replays)
-        try:
-            result = await t.fn(*args, **kwargs)
-        except BaseException as e:
-            # Settled even when cancelled: shielded from the cancellation it reports.
-            await asyncio.shield(_settle(t.settle_error, started, e))
-            raise
-        saved = await _settle(t.settle_result, started, key, result)
-        return result, Outcome(key, False, saved=saved)
+        with _otel.tool_span(t.tool) as span:
+            start, args, kwargs = t.prepare(args, kwargs)
+            store = t.store()
+            key, started = await _claim(store, start)
+            _otel.claimed(span, start[1], key)
+            if started.__class__ is _Prior:
+                _otel.outcome(span, started.kind)
+                value = t.answer(started, key)
+                return value, Outcome(key, True, started.attempts, started.replays)
+            try:
+                result = await t.fn(*args, **kwargs)
+            except BaseException as e:
+                # Settled even when cancelled: shielded from the cancellation it reports.
+                settled = asyncio.shield(_settle(t.settle_error, started, e))
+                _otel.outcome(span, await settled)
+                raise
+            # A result that cannot be encoded leaves the key unknown (settle_result raises).
+            _otel.outcome(span, "unknown")
+            saved = await _settle(t.settle_result, started, key, result)
+            _otel.outcome(span, "executed")
+            return result, Outcome(key, False, saved=saved)
 
     @functools.wraps(t.fn)
     async def wrapper(*args: Any, **kwargs: Any) -> Any:

@@ -26,6 +26,17 @@ impl Listens for Gateway {
     }
 }
 
+impl Gateway {
+    /// Sends the gateway SIGTERM (a graceful stop), as an orchestrator would.
+    pub fn terminate(&self) {
+        let killed = Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status()
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert!(killed.success());
+    }
+}
+
 impl Drop for Gateway {
     fn drop(&mut self) {
         let _ = self.child.kill();
@@ -49,12 +60,13 @@ pub fn start_gateway_limited(
         &format!("{CONFIG}\n{extra_config}"),
         file_size_kib,
         None,
+        &[],
     )
 }
 
 /// A gateway configured by `config` alone (TOML text), not [`CONFIG`].
 pub fn start_gateway_with(upstream: &str, config: &str) -> Gateway {
-    spawn_gateway(upstream, config, None, None)
+    spawn_gateway(upstream, config, None, None, &[])
 }
 
 /// A gateway on a shared store (postgres://..., redis://...).
@@ -64,7 +76,13 @@ pub fn start_gateway_on(upstream: &str, extra_config: &str, store: &str) -> Gate
         &format!("{CONFIG}\n{extra_config}"),
         None,
         Some(store),
+        &[],
     )
+}
+
+/// A gateway configured as [`start_gateway`]'s, with these environment variables (`OTEL_*`).
+pub fn start_gateway_env(upstream: &str, env: &[(&str, &str)]) -> Gateway {
+    spawn_gateway(upstream, CONFIG, None, None, env)
 }
 
 fn spawn_gateway(
@@ -72,6 +90,7 @@ fn spawn_gateway(
     config_text: &str,
     file_size_kib: Option<u32>,
     store: Option<&str>,
+    env: &[(&str, &str)],
 ) -> Gateway {
     let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
     let db = dir.path().join("idem.db");
@@ -105,6 +124,7 @@ fn spawn_gateway(
         .arg("--config")
         .arg(&config)
         .env("TEST_ADMIN_TOKEN", ADMIN_TOKEN)
+        .envs(env.iter().copied())
         .env_remove("IDEM_STORE")
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())

@@ -237,6 +237,7 @@ impl<S: Store> Engine<S> {
         fingerprint: Fingerprint,
         policy: &Policy,
     ) -> Result<Result<Lease, Answer<T>>, StoreError> {
+        crate::span::record_claim(scope, key);
         let got = self
             .claim_until_final(scope, key, fingerprint, policy)
             .await;
