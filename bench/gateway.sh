@@ -9,6 +9,7 @@
 # bounded by DURATION. The PostgreSQL schema and Redis prefix it writes are deleted at exit.
 #
 #   bash bench/gateway.sh [DURATION_SECONDS=10] [CONNECTIONS=32]
+#   IDEM_BIN=/path/to/idem bash bench/gateway.sh ...   # another build's binary
 set -euo pipefail
 cd "$(dirname "$0")/.."
 DURATION=${1:-10}
@@ -25,8 +26,13 @@ cleanup() {
 }
 trap cleanup EXIT
 
-cargo build --release -q -p idem-cli
-IDEM=target/release/idem
+# IDEM_BIN: measure another build (a before/after comparison) instead of this tree's.
+if [ -n "${IDEM_BIN:-}" ]; then
+  IDEM=$IDEM_BIN
+else
+  cargo build --release -q -p idem-cli
+  IDEM=${CARGO_TARGET_DIR:-target}/release/idem
+fi
 
 mkdir -p "$WORK/logs"
 cat > "$WORK/nginx.conf" <<NGINX

@@ -218,8 +218,8 @@ impl<S: Store + Clone> Guard<S> {
                 })))
             }),
             Answer::Unknown(value) => value.unwrap_or_else(|| Ok(unknown(&tool, &key, ""))),
-            Answer::Replayed(record) => match record.response {
-                Some(r) => decode(&r, &key, true),
+            Answer::Replayed(record) => match &record.response {
+                Some(r) => decode(r, &key, true),
                 None => Ok(refusal(
                     ProblemType::StoreUnavailable,
                     "The stored result of this key could not be read.",

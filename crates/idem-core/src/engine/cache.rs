@@ -101,13 +101,23 @@ impl CompletedCache {
     /// Remembers `record` if it is completed and not about to expire; anything else is
     /// ignored, since only a completed record is immutable.
     pub fn insert(&self, record: &Record) {
-        if record.completed_at.is_none() || record.response.is_none() || !self.live(record) {
-            return;
+        if self.keeps(record) {
+            self.insert_shared(&Arc::new(record.clone()));
         }
-        self.shared.records.insert(
-            (record.scope.clone(), record.key.clone()),
-            Arc::new(record.clone()),
-        );
+    }
+
+    /// As [`CompletedCache::insert`], sharing a record the caller holds already.
+    pub fn insert_shared(&self, record: &Arc<Record>) {
+        if self.keeps(record) {
+            self.shared.records.insert(
+                (record.scope.clone(), record.key.clone()),
+                Arc::clone(record),
+            );
+        }
+    }
+
+    fn keeps(&self, record: &Record) -> bool {
+        record.completed_at.is_some() && record.response.is_some() && self.live(record)
     }
 
     /// Bytes held now (estimated as the bound is).

@@ -91,8 +91,9 @@ pub enum Answer<T> {
     /// This request executed the effect, which reported [`Effect::Unknown`]; the record is
     /// abandoned.
     Unknown(T),
-    /// A result was stored for the same request: replay `record.response`.
-    Replayed(Record),
+    /// A result was stored for the same request: replay `record.response`. Shared, since a
+    /// replay answered from the completed-record cache copies nothing.
+    Replayed(Arc<Record>),
     /// Another executor holds the key for the same request, and the policy's wait (if any)
     /// ran out first.
     InFlight(Record),
@@ -310,8 +311,9 @@ impl<S: Store> Engine<S> {
             let record = match self.store.claim(req).await? {
                 Claim::Acquired(lease) => return Ok(Ok(lease)),
                 Claim::Completed(r) => {
+                    let r = Arc::new(r);
                     if let Some(cache) = &self.completed {
-                        cache.insert(&r);
+                        cache.insert_shared(&r);
                     }
                     return Ok(Err(Answer::Replayed(r)));
                 }
@@ -337,11 +339,10 @@ impl<S: Store> Engine<S> {
     /// was used for another request.
     fn cached<T>(&self, scope: &Scope, key: &Key, fingerprint: Fingerprint) -> Option<Answer<T>> {
         let record = self.completed.as_ref()?.get(scope, key)?;
-        let record = Arc::unwrap_or_clone(record);
         Some(if record.fingerprint == fingerprint {
             Answer::Replayed(record)
         } else {
-            Answer::Mismatch(record)
+            Answer::Mismatch(Arc::unwrap_or_clone(record))
         })
     }
 
