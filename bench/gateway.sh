@@ -9,6 +9,7 @@
 # bounded by DURATION. The PostgreSQL schema and Redis prefix it writes are deleted at exit.
 #
 #   bash bench/gateway.sh [DURATION_SECONDS=10] [CONNECTIONS=32]
+#   IDEM_BIN=/path/to/idem bash bench/gateway.sh ...   # another build's binary
 set -euo pipefail
 cd "$(dirname "$0")/.."
 DURATION=${1:-10}
@@ -25,8 +26,13 @@ cleanup() {
 }
 trap cleanup EXIT
 
-cargo build --release -q -p idem-cli
-IDEM=target/release/idem
+# IDEM_BIN: measure another build (a before/after comparison) instead of this tree's.
+if [ -n "${IDEM_BIN:-}" ]; then
+  IDEM=$IDEM_BIN
+else
+  cargo build --release -q -p idem-cli
+  IDEM=${CARGO_TARGET_DIR:-target}/release/idem
+fi
 
 mkdir -p "$WORK/logs"
 cat > "$WORK/nginx.conf" <<NGINX
@@ -87,21 +93,25 @@ for port in 18003 18004 18005 18006; do
   curl -s -o /dev/null -X POST "http://127.0.0.1:$port/v1/charges" -H 'Idempotency-Key: bench-replay' -H 'Content-Type: application/json' -d "$BODY"
 done
 
+PROXY_RPS=
 run() { # label port script
-  local out
+  local out ratio=
   out=$(wrk -t2 -c"$CONNS" -d"${DURATION}s" --latency -s "$WORK/$3" "http://127.0.0.1:$2/v1/charges")
   local rps p50 p99 non2xx
   rps=$(awk '/Requests\/sec/ {print $2}' <<<"$out")
   p50=$(awk '$1=="50%" {print $2}' <<<"$out")
   p99=$(awk '$1=="99%" {print $2}' <<<"$out")
   non2xx=$(awk '/Non-2xx/ {print $5}' <<<"$out")
-  printf '| %s | %s | %s | %s | %s |\n' "$1" "$rps" "$p50" "$p99" "${non2xx:-0}"
+  # Each idem row as a multiple of the plain proxy's rate in this run (issue 16's targets).
+  if [ "$2" = 18002 ]; then PROXY_RPS=$rps; ratio=1.00
+  elif [ "$2" != 18001 ] && [ -n "$PROXY_RPS" ]; then ratio=$(awk -v a="$rps" -v b="$PROXY_RPS" 'BEGIN {printf "%.2f", a / b}'); fi
+  printf '| %s | %s | %s | %s | %s | %s |\n' "$1" "$rps" "$p50" "$p99" "${non2xx:-0}" "$ratio"
 }
 
 echo "wrk -t2 -c$CONNS -d${DURATION}s, $(nproc) cores, $(date -u +%Y-%m-%dT%H:%MZ)"
 echo
-echo '| path | requests/s | p50 | p99 | non-2xx |'
-echo '|---|---:|---:|---:|---:|'
+echo '| path | requests/s | p50 | p99 | non-2xx | x plain proxy |'
+echo '|---|---:|---:|---:|---:|---:|'
 run "direct upstream (nginx return 201)" 18001 same.lua
 run "nginx reverse proxy (plain, keepalive)" 18002 same.lua
 run "idem serve, memory, new keys" 18003 new.lua
@@ -117,6 +127,6 @@ run "idem serve, redis, replays" 18006 same.lua
 psql -q "$PG" -c 'DROP SCHEMA IF EXISTS idem_bench_raw CASCADE; CREATE SCHEMA idem_bench_raw; CREATE TABLE idem_bench_raw.keys (key text PRIMARY KEY, fingerprint bytea)'
 echo "INSERT INTO idem_bench_raw.keys VALUES (md5(random()::text), '\\x0102') ON CONFLICT DO NOTHING;" > "$WORK/insert.sql"
 tps=$(pgbench -h 127.0.0.1 -U postgres -n -c "$CONNS" -j 2 -T "$DURATION" -f "$WORK/insert.sql" test 2>/dev/null | awk '/^tps/ {print $3}')
-printf '| %s | %s | | | |\n' "pgbench: INSERT ... ON CONFLICT DO NOTHING, one per transaction" "$tps"
+printf '| %s | %s | | | | |\n' "pgbench: INSERT ... ON CONFLICT DO NOTHING, one per transaction" "$tps"
 rps=$(redis-benchmark -q -c "$CONNS" -n $((DURATION * 100000)) -r 100000000 set idem-bench-raw:__rand_int__ v NX PX 60000 2>/dev/null | tr '\r' '\n' | awk '/requests per second/ {print $(NF-5)}' | tail -1)
-printf '| %s | %s | | | |\n' "redis-benchmark: SET key v NX PX 60000" "$rps"
+printf '| %s | %s | | | | |\n' "redis-benchmark: SET key v NX PX 60000" "$rps"

@@ -219,7 +219,7 @@ impl Store {
         let Bound { host, engine, .. } = self.bound()?;
         let scope = tool_scope();
         let record = host.block_on(idem_core::Store::get(engine.store(), &scope, &key))?;
-        Ok(record.map(|r| Prior::from_record(PriorKind::Found, r)))
+        Ok(record.map(|r| Prior::from_record(PriorKind::Found, &r)))
     }
 }
 
@@ -354,10 +354,10 @@ pub struct Prior {
 impl Prior {
     fn of(answer: Answer<()>) -> Self {
         match answer {
-            Answer::Replayed(r) => Prior::from_record(PriorKind::Replayed, r),
-            Answer::InFlight(r) => Prior::from_record(PriorKind::InFlight, r),
-            Answer::Mismatch(r) => Prior::from_record(PriorKind::Mismatch, r),
-            Answer::Abandoned(r) => Prior::from_record(PriorKind::Unknown, r),
+            Answer::Replayed(r) => Prior::from_record(PriorKind::Replayed, &r),
+            Answer::InFlight(r) => Prior::from_record(PriorKind::InFlight, &r),
+            Answer::Mismatch(r) => Prior::from_record(PriorKind::Mismatch, &r),
+            Answer::Abandoned(r) => Prior::from_record(PriorKind::Unknown, &r),
             // `begin` answers these only through an execution, which it hands back instead.
             Answer::Executed { .. } | Answer::NotSent(()) | Answer::Unknown(()) => {
                 unreachable!("Engine::begin answers an execution as Begun::Execute")
@@ -365,7 +365,7 @@ impl Prior {
         }
     }
 
-    fn from_record(kind: PriorKind, r: Record) -> Self {
+    fn from_record(kind: PriorKind, r: &Record) -> Self {
         let now = idem_core::Timestamp::from_millis(now_ms());
         let state = r.state(now).as_str();
         let (status, body, omitted_len, media_type) = match &r.response {

@@ -40,6 +40,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use idem_core::Engine;
+use idem_core::engine::DEFAULT_CACHE_BYTES;
 use idem_stores::{AnyStore, StoreUrl};
 
 use crate::EmbedError;
@@ -161,7 +162,7 @@ impl Host {
         let mut engines = lock(&self.engines);
         Ok(engines
             .entry(url.to_owned())
-            .or_insert_with(|| Engine::new(store))
+            .or_insert_with(|| Engine::new(store).with_cache_bytes(DEFAULT_CACHE_BYTES))
             .clone())
     }
 }

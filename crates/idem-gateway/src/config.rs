@@ -19,6 +19,7 @@
 //! max_stored_body_bytes = 1048576   # larger responses are kept as a digest
 //! max_response_bytes = 67108864     # larger responses: 502 and outcome unknown
 //! max_connections = 10000           # more wait to be accepted (default: from RLIMIT_NOFILE)
+//! cache_bytes = 67108864            # completed records kept in memory for replays; 0: none
 //!
 //! [timeouts]
 //! upstream = "30s"                  # sent but no answer by then: 504, outcome unknown
@@ -152,6 +153,8 @@ pub struct Limits {
     pub max_response_bytes: Option<usize>,
     /// Client connections served at once on the main listener; more wait to be accepted.
     pub max_connections: Option<usize>,
+    /// The completed-record cache's bound in bytes; 0 turns it off.
+    pub cache_bytes: Option<u64>,
 }
 
 /// `[timeouts]`.
@@ -516,6 +519,10 @@ impl Settings {
                     .max_response_bytes
                     .unwrap_or(idem_http::Config::default().max_response_bytes),
                 body_read: Some(body_read_timeout),
+                cache_bytes: file
+                    .limits
+                    .cache_bytes
+                    .unwrap_or(idem_http::DEFAULT_CACHE_BYTES),
                 ..idem_http::Config::default()
             },
             upstream_timeout,

@@ -2,6 +2,7 @@
 
 use std::time::Duration;
 
+use idem_core::engine::DEFAULT_CACHE_BYTES;
 use idem_core::{Anonymous, ScopeHeaders};
 
 use crate::policy::Routes;
@@ -34,6 +35,10 @@ pub struct Config {
     /// `Connection: close`, and nothing is claimed. `None` (the default): no bound here, the
     /// server's own.
     pub body_read: Option<Duration>,
+    /// The bound in bytes of the cache of completed records that answers replays without a
+    /// store round trip ([design §9](docs/design.md#9-performance-shape)); 0 turns it off.
+    /// The cache reads expiry from the system clock.
+    pub cache_bytes: u64,
 }
 
 impl Default for Config {
@@ -46,6 +51,7 @@ impl Default for Config {
             poll_interval: Duration::from_millis(25),
             max_response_bytes: 64 * 1024 * 1024,
             body_read: None,
+            cache_bytes: DEFAULT_CACHE_BYTES,
         }
     }
 }

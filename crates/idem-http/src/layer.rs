@@ -44,7 +44,9 @@ impl<St: Store> IdempotencyLayer<St> {
     pub fn new(store: St, config: Config) -> Self {
         IdempotencyLayer {
             shared: Arc::new(Shared {
-                engine: Engine::new(store).with_poll_interval(config.poll_interval),
+                engine: Engine::new(store)
+                    .with_poll_interval(config.poll_interval)
+                    .with_cache_bytes(config.cache_bytes),
                 config,
             }),
         }

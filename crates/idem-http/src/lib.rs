@@ -37,6 +37,7 @@ pub mod service;
 
 pub use capture::REPLAYED;
 pub use config::Config;
+pub use idem_core::engine::DEFAULT_CACHE_BYTES;
 pub use idem_core::{Anonymous, ScopeHeaders};
 pub use layer::IdempotencyLayer;
 pub use policy::{

@@ -124,7 +124,9 @@ impl<S: Store + Clone> Guard<S> {
         Guard {
             // A duplicate of a call running in another process re-reads the store this
             // often: tool calls are slower than HTTP requests, so less often than the layer.
-            engine: Engine::new(store).with_poll_interval(Duration::from_millis(100)),
+            engine: Engine::new(store)
+                .with_poll_interval(Duration::from_millis(100))
+                .with_cache_bytes(idem_core::engine::DEFAULT_CACHE_BYTES),
             tasks: TaskTracker::new(),
         }
     }
@@ -220,8 +222,8 @@ impl<S: Store + Clone> Guard<S> {
                 })))
             }),
             Answer::Unknown(value) => value.unwrap_or_else(|| Ok(unknown(&tool, &key, ""))),
-            Answer::Replayed(record) => match record.response {
-                Some(r) => decode(&r, &key, true),
+            Answer::Replayed(record) => match &record.response {
+                Some(r) => decode(r, &key, true),
                 None => Ok(refusal(
                     ProblemType::StoreUnavailable,
                     "The stored result of this key could not be read.",

@@ -11,6 +11,7 @@ use idem_core::{
 };
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::{AsyncCommands, ScriptInvocation, Value};
+use tokio::sync::RwLock;
 
 use crate::options::{Durability, RedisOptions};
 use crate::reply::{self, corrupt};
@@ -39,6 +40,10 @@ struct Inner {
     /// (claims durable before the effect) or lets Redis evict records; read once at connect,
     /// and non-empty only under `durability=volatile`.
     warnings: Vec<String>,
+    /// Held shared by every expiry-index write still on its way, and exclusively by
+    /// `purge_expired` before it reads the index, so a purge in this process sees every
+    /// completion this process acknowledged.
+    indexing: Arc<RwLock<()>>,
 }
 
 impl fmt::Debug for RedisStore {
@@ -93,6 +98,7 @@ impl RedisStore {
                 op_timeout: opts.op_timeout,
                 scripts: Scripts::new(),
                 warnings,
+                indexing: Arc::default(),
             }),
         })
     }
@@ -174,6 +180,22 @@ impl RedisStore {
         match tokio::time::timeout(self.inner.op_timeout, added).await {
             Ok(r) => r.map_err(|e| unavailable("index", e)),
             Err(_) => Err(unavailable("index", "timed out")),
+        }
+    }
+
+    /// Indexes a completed record from a task of its own, so a completion costs its caller
+    /// one round trip, not two. Waits for the write instead only while a purge in this
+    /// process is about to read the index.
+    async fn index_soon(&self, record_key: String, expires_at: Timestamp) {
+        match self.inner.indexing.clone().try_read_owned() {
+            Ok(pending) => {
+                let store = self.clone();
+                tokio::spawn(async move {
+                    store.index_or_warn(&record_key, expires_at).await;
+                    drop(pending);
+                });
+            }
+            Err(_) => self.index_or_warn(&record_key, expires_at).await,
         }
     }
 
@@ -357,7 +379,7 @@ impl Store for RedisStore {
                     .transpose()?
                     .flatten()
                     .ok_or_else(|| corrupt("complete returned no record"))?;
-                self.index_or_warn(&k, rec.expires_at).await;
+                self.index_soon(k, rec.expires_at).await;
                 Ok(rec)
             }
             other => Err(refusal(other)?),
@@ -414,6 +436,8 @@ impl Store for RedisStore {
     }
 
     async fn purge_expired(&self, limit: usize) -> Result<usize, StoreError> {
+        // Every completion acknowledged so far is indexed before the index is read.
+        drop(self.inner.indexing.write().await);
         let now = self.redis_now().await?;
         let mut con = self.inner.con.clone();
         let mut deleted = 0;

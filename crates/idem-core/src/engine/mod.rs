@@ -19,6 +19,7 @@
 //! stops with it, the lease runs out, and the record reads as abandoned
 //! ([design §5](docs/design.md#5-unknown-outcomes)).
 
+mod cache;
 mod waiters;
 
 use std::future::Future;
@@ -30,6 +31,7 @@ use sha2::{Digest, Sha256};
 use tokio::sync::watch;
 use tokio::time::Instant;
 
+pub use self::cache::{CLOCK_MARGIN, CompletedCache, DEFAULT_CACHE_BYTES};
 pub use self::waiters::{Running, Waiters};
 use crate::fingerprint::Fingerprint;
 use crate::key::Key;
@@ -89,8 +91,9 @@ pub enum Answer<T> {
     /// This request executed the effect, which reported [`Effect::Unknown`]; the record is
     /// abandoned.
     Unknown(T),
-    /// A result was stored for the same request: replay `record.response`.
-    Replayed(Record),
+    /// A result was stored for the same request: replay `record.response`. Shared, since a
+    /// replay answered from the completed-record cache copies nothing.
+    Replayed(Arc<Record>),
     /// Another executor holds the key for the same request, and the policy's wait (if any)
     /// ran out first.
     InFlight(Record),
@@ -121,6 +124,7 @@ pub struct Engine<S> {
     store: MeteredStore<S>,
     waiters: Arc<Waiters>,
     poll_interval: Duration,
+    completed: Option<CompletedCache>,
 }
 
 impl<S: Store> Engine<S> {
@@ -130,7 +134,33 @@ impl<S: Store> Engine<S> {
             store: MeteredStore::new(store),
             waiters: Arc::default(),
             poll_interval: DEFAULT_POLL_INTERVAL,
+            completed: None,
         }
+    }
+
+    /// Answers replays (and mismatches) of completed records from `cache` before asking the
+    /// store, and fills it with the completed records the store answers or this engine
+    /// stores. Correct in front of a store other processes share: see [`CompletedCache`].
+    #[must_use]
+    pub fn with_cache(mut self, cache: CompletedCache) -> Self {
+        self.completed = Some(cache);
+        self
+    }
+
+    /// As [`Engine::with_cache`], with a cache of at most `bytes` on the system clock; 0
+    /// leaves the engine without one.
+    #[must_use]
+    pub fn with_cache_bytes(self, bytes: u64) -> Self {
+        if bytes == 0 {
+            self
+        } else {
+            self.with_cache(CompletedCache::new(bytes))
+        }
+    }
+
+    /// The completed-record cache, if the engine has one.
+    pub const fn cache(&self) -> Option<&CompletedCache> {
+        self.completed.as_ref()
     }
 
     /// Sets how often a waiting duplicate re-reads the store while the execution it waits
@@ -261,6 +291,9 @@ impl<S: Store> Engine<S> {
     ) -> Result<Result<Lease, Answer<T>>, StoreError> {
         let wait = policy.wait.filter(|w| !w.is_zero());
         let deadline = wait.map(|w| Instant::now() + w);
+        if let Some(known) = self.cached(scope, key, fingerprint) {
+            return Ok(Err(known));
+        }
         loop {
             // Listen before claiming, so a finish between the claim and the wait is not missed.
             let local = wait.and_then(|_| self.waiters.get(scope, key));
@@ -278,7 +311,13 @@ impl<S: Store> Engine<S> {
             };
             let record = match self.store.claim(req).await? {
                 Claim::Acquired(lease) => return Ok(Ok(lease)),
-                Claim::Completed(r) => return Ok(Err(Answer::Replayed(r))),
+                Claim::Completed(r) => {
+                    let r = Arc::new(r);
+                    if let Some(cache) = &self.completed {
+                        cache.insert_shared(&r);
+                    }
+                    return Ok(Err(Answer::Replayed(r)));
+                }
                 Claim::Mismatch(r) => return Ok(Err(Answer::Mismatch(r))),
                 Claim::Abandoned(r) => return Ok(Err(Answer::Abandoned(r))),
                 Claim::InFlight(r) => r,
@@ -295,6 +334,17 @@ impl<S: Store> Engine<S> {
                 None => tokio::time::sleep(nap).await,
             }
         }
+    }
+
+    /// The answer a cached completed record gives: its replay, or a mismatch when the key
+    /// was used for another request.
+    fn cached<T>(&self, scope: &Scope, key: &Key, fingerprint: Fingerprint) -> Option<Answer<T>> {
+        let record = self.completed.as_ref()?.get(scope, key)?;
+        Some(if record.fingerprint == fingerprint {
+            Answer::Replayed(record)
+        } else {
+            Answer::Mismatch(Arc::unwrap_or_clone(record))
+        })
     }
 
     /// Runs the effect under an acquired lease and keeps what it reports.
@@ -426,7 +476,12 @@ impl<S: Store> Engine<S> {
                     .store
                     .complete(scope, key, token, stored.clone())
                     .await
-                    .map(|_| Kept::Stored),
+                    .map(|record| {
+                        if let Some(cache) = &self.completed {
+                            cache.insert(&record);
+                        }
+                        Kept::Stored
+                    }),
             };
             let e = match written {
                 Ok(kept) => return kept,
@@ -624,6 +679,106 @@ mod tests {
             Answer::Mismatch(_)
         ));
         assert_eq!(count.load(Ordering::SeqCst), 1);
+    }
+
+    /// Two engines over one store, as two gateways over a shared one; `b` caches.
+    fn two_gateways() -> (Engine<MemoryStore>, Engine<MemoryStore>, Arc<ManualClock>) {
+        let clock = ManualClock::new(Timestamp::from_millis(1_000_000));
+        let store = MemoryStore::with_clock(clock.clone());
+        let a = Engine::new(store.clone());
+        let b = Engine::new(store).with_cache(CompletedCache::with_clock(1 << 20, clock.clone()));
+        (a, b, clock)
+    }
+
+    async fn stored_replays(engine: &Engine<MemoryStore>, key: &str) -> u32 {
+        let got = engine.store().get(&Scope::anonymous(), &k(key)).await;
+        got.unwrap_or_else(|e| panic!("{e}"))
+            .map_or(0, |r| r.replays)
+    }
+
+    #[tokio::test]
+    async fn the_cache_answers_replays_and_mismatches_of_completed_records_only() {
+        let (a, b, _) = two_gateways();
+        let count = AtomicU32::new(0);
+        let p = Policy::default();
+        assert!(matches!(
+            charge(&a, "k", 1, &count, &p, 201).await,
+            Answer::Executed { .. }
+        ));
+        // `b` learns the record from the store's replay, then answers from memory: the
+        // store counts one replay, not four.
+        for _ in 0..4 {
+            match charge(&b, "k", 1, &count, &p, 201).await {
+                Answer::Replayed(r) => {
+                    assert_eq!(r.response, Some(StoredResponse::new(201, "ch_1")));
+                }
+                other => panic!("{other:?}"),
+            }
+        }
+        assert_eq!(stored_replays(&a, "k").await, 1);
+        assert!(matches!(
+            charge(&b, "k", 2, &count, &p, 201).await,
+            Answer::Mismatch(_)
+        ));
+        assert_eq!(stored_replays(&a, "k").await, 1);
+        assert_eq!(count.load(Ordering::SeqCst), 1);
+        assert_eq!(b.cache().map(CompletedCache::len), Some(1));
+
+        // What `b` executes itself is cached when stored; a released key is not.
+        assert!(matches!(
+            charge(&b, "own", 1, &count, &p, 201).await,
+            Answer::Executed {
+                kept: Kept::Stored,
+                ..
+            }
+        ));
+        assert!(matches!(
+            charge(&b, "busy", 1, &count, &p, 503).await,
+            Answer::Executed {
+                kept: Kept::Released,
+                ..
+            }
+        ));
+        assert_eq!(b.cache().map(CompletedCache::len), Some(2));
+        assert!(matches!(
+            charge(&b, "busy", 1, &count, &p, 201).await,
+            Answer::Executed {
+                kept: Kept::Stored,
+                ..
+            }
+        ));
+    }
+
+    #[tokio::test]
+    async fn a_cached_record_is_not_replayed_past_its_retention() {
+        let (a, b, clock) = two_gateways();
+        let count = AtomicU32::new(0);
+        let p = Policy {
+            retention: Duration::from_secs(60),
+            ..Policy::default()
+        };
+        assert!(matches!(
+            charge(&b, "k", 1, &count, &p, 201).await,
+            Answer::Executed { .. }
+        ));
+        clock.advance(Duration::from_secs(61));
+        // Expired for the store and the cache alike: the key is fresh again, on either
+        // gateway, and the new result replaces the old one in the cache.
+        match charge(&b, "k", 1, &count, &p, 201).await {
+            Answer::Executed { response, .. } => {
+                assert_eq!(response, StoredResponse::new(201, "ch_2"));
+            }
+            other => panic!("{other:?}"),
+        }
+        match charge(&a, "k", 1, &count, &p, 201).await {
+            Answer::Replayed(r) => assert_eq!(r.response, Some(StoredResponse::new(201, "ch_2"))),
+            other => panic!("{other:?}"),
+        }
+        match charge(&b, "k", 1, &count, &p, 201).await {
+            Answer::Replayed(r) => assert_eq!(r.response, Some(StoredResponse::new(201, "ch_2"))),
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(count.load(Ordering::SeqCst), 2);
     }
 
     #[tokio::test]
