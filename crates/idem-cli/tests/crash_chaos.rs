@@ -34,7 +34,7 @@ use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
-use support::{Gateway, record_of, start_gateway_on};
+use support::{Gateway, record_of, serve_on_loopback, start_gateway_on};
 
 /// Concurrent clients, each sending one intent after another.
 const CLIENTS: usize = 8;
@@ -91,14 +91,7 @@ async fn start_counting_upstream() -> (SocketAddr, Executions) {
     let app = Router::new()
         .route("/v1/charges", post(charge))
         .with_state(ex.clone());
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .unwrap_or_else(|e| panic!("{e}"));
-    let addr = listener.local_addr().unwrap_or_else(|e| panic!("{e}"));
-    tokio::spawn(async move {
-        let _ = axum::serve(listener, app).await;
-    });
-    (addr, ex)
+    (serve_on_loopback(app).await, ex)
 }
 
 /// How an intent ended.

@@ -117,6 +117,11 @@ pub async fn start_upstream() -> (SocketAddr, Upstream) {
         .route("/v1/stall", post(stall))
         .with_state(up.clone())
         .layer(axum::middleware::from_fn_with_state(up.clone(), record));
+    (serve_on_loopback(app).await, up)
+}
+
+/// Serves `app` on a free loopback port, in the background; returns the address.
+pub async fn serve_on_loopback(app: Router) -> SocketAddr {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
         .unwrap_or_else(|e| panic!("{e}"));
@@ -124,7 +129,7 @@ pub async fn start_upstream() -> (SocketAddr, Upstream) {
     tokio::spawn(async move {
         let _ = axum::serve(listener, app).await;
     });
-    (addr, up)
+    addr
 }
 
 /// Notes each request line before routing, whatever its method and target.
