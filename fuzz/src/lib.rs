@@ -142,6 +142,10 @@ pub fn store_url(data: &[u8]) {
     };
     let scheme = ["postgres", "postgresql", "redis", "rediss"][usize::from(first) % 4];
     let rest = String::from_utf8_lossy(rest);
+    if rest.contains(SECRET) {
+        // Elsewhere than the password (a host, a path) it may show.
+        return;
+    }
     let with_password = format!("{scheme}://user:{SECRET}@{rest}");
     let shown = match idem_stores::StoreUrl::from_str(&with_password) {
         Ok(url) => url.to_string(),
