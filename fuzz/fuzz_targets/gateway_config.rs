@@ -1,0 +1,4 @@
+#![no_main]
+//! Fuzzes `idem_fuzz::gateway_config`; see `fuzz/src/lib.rs` for what it checks.
+
+libfuzzer_sys::fuzz_target!(|data: &[u8]| idem_fuzz::gateway_config(data));

@@ -1,0 +1,4 @@
+#![no_main]
+//! Fuzzes `idem_fuzz::store_url`; see `fuzz/src/lib.rs` for what it checks.
+
+libfuzzer_sys::fuzz_target!(|data: &[u8]| idem_fuzz::store_url(data));
