@@ -70,7 +70,9 @@ async fn call(app: &Router, key: Option<String>) {
 fn main() {
     let mut args = std::env::args().skip(1).filter(|a| a != "--bench");
     let mode = args.next().unwrap_or_else(|| "replay".to_owned());
-    let n: u64 = args.next().map_or(10_000, |s| s.parse().unwrap_or_else(|e| panic!("{e}")));
+    let n: u64 = args
+        .next()
+        .map_or(10_000, |s| s.parse().unwrap_or_else(|e| panic!("{e}")));
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
