@@ -2,9 +2,9 @@
 //! admin page under `/ui`, on its own address (loopback by default), optionally behind a
 //! token.
 //!
-//! - [`access`]: the bearer token, the page's login cookie and its forms' protection.
-//! - [`ui`]: the page (records abandoned first, search, a record's timeline, resolve).
-//! - [`timeline`], [`counts`], [`html`]: what the page shows, and how it is escaped.
+//! - `access`: the bearer token, the page's login cookie and its forms' protection.
+//! - `ui`: the page (records abandoned first, search, a record's timeline, resolve).
+//! - `timeline`, `counts`, `html`: what the page shows, and how it is escaped.
 
 mod access;
 mod counts;
