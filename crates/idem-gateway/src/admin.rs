@@ -14,8 +14,9 @@ mod ui;
 
 use std::sync::Arc;
 
-use axum::extract::{Path, Query, State};
+use axum::extract::{Path, Query, Request, State};
 use axum::http::{HeaderMap, StatusCode, header};
+use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Redirect, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
@@ -57,15 +58,21 @@ pub fn router_on_clock<St: Store + ListRecords + Clone>(
         access: Access::new(token),
         clock,
     });
+    let page = Router::new()
+        .route("/ui", get(ui::list_page::<St>))
+        .route("/ui/counts", get(ui::counts_frame::<St>))
+        .route("/ui/record", get(ui::record_page::<St>))
+        .route("/ui/resolve", post(ui::resolve::<St>))
+        .route_layer(middleware::from_fn_with_state(
+            state.clone(),
+            page_gate::<St>,
+        ));
     Router::new()
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/metrics", get(metrics_page::<St>))
         .route("/keys/{key}", get(key_page::<St>))
         .route("/", get(|| async { Redirect::to("/ui") }))
-        .route("/ui", get(ui::list_page::<St>))
-        .route("/ui/counts", get(ui::counts_frame::<St>))
-        .route("/ui/record", get(ui::record_page::<St>))
-        .route("/ui/resolve", post(ui::resolve::<St>))
+        .merge(page)
         .route("/ui/login", get(ui::login_form::<St>).post(ui::login::<St>))
         .route("/ui/logout", post(ui::logout::<St>))
         .route("/ui/style.css", get(ui::style))
@@ -81,6 +88,19 @@ fn problem(status: StatusCode, detail: String) -> Response {
         body.to_string(),
     )
         .into_response()
+}
+
+/// The page's gate: without the token or the session cookie, the login form (401) instead.
+async fn page_gate<St: Store>(
+    State(state): State<Arc<AdminState<St>>>,
+    req: Request,
+    next: Next,
+) -> Response {
+    if state.access.page_ok(req.headers()) {
+        next.run(req).await
+    } else {
+        ui::login_page(&state.access, StatusCode::UNAUTHORIZED, "")
+    }
 }
 
 /// `None` when allowed; the refusal otherwise. Compares in constant time.

@@ -1,7 +1,9 @@
 //! The admin page: records by state (abandoned first), search by key and scope, one record's
 //! timeline, and resolving an abandoned record with a confirmation step. Server-rendered
 //! HTML with no script: every view is a GET, every change a POST form, so it works with
-//! JavaScript disabled.
+//! JavaScript disabled. Every handler here but login, logout and the stylesheet runs behind
+//! the page's gate (`admin.rs`), which answers the login form instead when the request has
+//! no credentials.
 
 use std::fmt::Write as _;
 use std::sync::Arc;
@@ -141,12 +143,8 @@ fn search_form(q: &ListQuery) -> String {
 pub(crate) async fn list_page<St: Store + ListRecords>(
     State(state): State<Arc<AdminState<St>>>,
     Query(q): Query<ListQuery>,
-    headers: HeaderMap,
 ) -> Response {
     let access = &state.access;
-    if !access.page_ok(&headers) {
-        return login_page(access, StatusCode::UNAUTHORIZED, "");
-    }
     let wanted = match parse_state(&q.state) {
         Ok(s) => s,
         Err(e) => return bad_request(access, &e),
@@ -210,13 +208,7 @@ pub(crate) async fn list_page<St: Store + ListRecords>(
 
 /// The counts, alone: framed by the records page and reloaded every five seconds by a meta
 /// refresh, so they stay live without script and without reloading the search.
-pub(crate) async fn counts_frame<St: Store>(
-    State(state): State<Arc<AdminState<St>>>,
-    headers: HeaderMap,
-) -> Response {
-    if !state.access.page_ok(&headers) {
-        return login_page(&state.access, StatusCode::UNAUTHORIZED, "");
-    }
+pub(crate) async fn counts_frame<St: Store>(State(state): State<Arc<AdminState<St>>>) -> Response {
     let c = Counts::parse(&state.metrics.render());
     let cell = |id: &str, label: &str, v: f64| format!(r#"<div id="{id}"><b>{v}</b>{label}</div>"#);
     let body = format!(
@@ -282,12 +274,8 @@ fn resolve_forms(access: &Access, scope: &Scope, key: &Key) -> String {
 pub(crate) async fn record_page<St: Store>(
     State(state): State<Arc<AdminState<St>>>,
     Query(q): Query<RecordQuery>,
-    headers: HeaderMap,
 ) -> Response {
     let access = &state.access;
-    if !access.page_ok(&headers) {
-        return login_page(access, StatusCode::UNAUTHORIZED, "");
-    }
     let (scope, key) = match parse_target(&q.scope, &q.key) {
         Ok(t) => t,
         Err(e) => return bad_request(access, &e),
@@ -468,9 +456,6 @@ pub(crate) async fn resolve<St: Store>(
     Form(form): Form<ResolveForm>,
 ) -> Response {
     let access = &state.access;
-    if !access.page_ok(&headers) {
-        return login_page(access, StatusCode::UNAUTHORIZED, "");
-    }
     if !access.post_ok(&headers, &form.form_token) {
         return forbidden(access);
     }
