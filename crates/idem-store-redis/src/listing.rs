@@ -2,8 +2,10 @@
 //!
 //! Redis has no index by state or by key, so a listing SCANs the store's record keys
 //! (`PREFIX:r:*`) and reads each with `HGETALL`, a batch per round trip. The scan is bounded:
-//! it looks at no more than [`MAX_SCANNED`] keys, and says so (`more`) when it stopped before
-//! the end. Nothing is written, and each round trip has the store's operation timeout.
+//! it reads no more than [`MAX_SCANNED`] records and makes no more than [`MAX_SCAN_CALLS`]
+//! SCAN calls (each examines about [`SCAN_COUNT`] keys of the whole database, other
+//! applications' included), and says so (`more`) when it stopped before the end. Nothing is
+//! written, and each round trip has the store's operation timeout.
 
 use idem_core::{ListRecords, Listing, RecordFilter, StoreError};
 use redis::Value;
@@ -13,6 +15,9 @@ use crate::store::{RedisStore, unavailable};
 
 /// The most record keys one listing reads; past it the listing reports `more`.
 pub(crate) const MAX_SCANNED: usize = 10_000;
+
+/// The most SCAN calls one listing makes: about 100,000 keys of the database examined.
+pub(crate) const MAX_SCAN_CALLS: usize = 200;
 
 /// Keys asked of each SCAN call (a hint to Redis, which may return more or fewer).
 const SCAN_COUNT: usize = 500;
@@ -49,6 +54,7 @@ impl ListRecords for RedisStore {
         let timeout = self.op_timeout();
         let mut cursor: u64 = 0;
         let mut scanned = 0;
+        let mut calls = 0;
         let mut found = Vec::new();
         loop {
             let (next, keys): (u64, Vec<String>) = within(
@@ -64,6 +70,7 @@ impl ListRecords for RedisStore {
             )
             .await?;
             scanned += keys.len();
+            calls += 1;
             if !keys.is_empty() {
                 let mut pipe = redis::pipe();
                 for k in &keys {
@@ -87,7 +94,7 @@ impl ListRecords for RedisStore {
             if cursor == 0 {
                 return Ok(filter.finish(found, now, false));
             }
-            if scanned >= MAX_SCANNED {
+            if scanned >= MAX_SCANNED || calls >= MAX_SCAN_CALLS {
                 return Ok(filter.finish(found, now, true));
             }
         }
