@@ -5,6 +5,7 @@
 //! and expands the tests, and a case written but not listed does not compile (its module denies
 //! dead code), so no case exists without running on every backend.
 
+mod listing;
 mod rules;
 
 crate::__conformance_cases!(reexport);
@@ -50,6 +51,7 @@ macro_rules! __conformance_cases {
             race_64_threads_one_key_exactly_one_acquires,
             race_64_threads_takeover_of_abandoned_exactly_one_acquires,
             race_threads_over_many_keys_each_executes_once,
+            records_are_listed_abandoned_first_and_filtered,
         }
     };
 }

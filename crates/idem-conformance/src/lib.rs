@@ -28,7 +28,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use idem_core::{
-    AbandonedPolicy, ClaimRequest, Clock, Fingerprint, Key, ManualClock, Scope, Store,
+    AbandonedPolicy, ClaimRequest, Clock, Fingerprint, Key, ListRecords, ManualClock, Scope, Store,
     StoredResponse, Timestamp,
 };
 
@@ -38,8 +38,8 @@ pub struct Unavailable(pub String);
 
 /// How to open a fresh, isolated store for one case.
 pub trait Harness: Send + Sync + 'static {
-    /// The backend under test.
-    type Store: Store;
+    /// The backend under test: the claim contract, and the operator's listing.
+    type Store: Store + ListRecords;
 
     /// Opens a store that sees no other case's records (its own file, schema or key prefix)
     /// and reads time from `clock`. Runs inside a multi-threaded tokio runtime.

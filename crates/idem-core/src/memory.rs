@@ -18,7 +18,9 @@ use crate::key::Key;
 use crate::machine::{self, Write};
 use crate::record::{FencingToken, Record, StoredResponse};
 use crate::scope::Scope;
-use crate::store::{Claim, ClaimRequest, Resolution, Store, StoreError};
+use crate::store::{
+    Claim, ClaimRequest, ListRecords, Listing, RecordFilter, Resolution, Store, StoreError,
+};
 
 const SHARDS: usize = 32;
 
@@ -216,5 +218,25 @@ impl Store for MemoryStore {
         self.fenced(scope, key, |existing, now| {
             machine::resolve(existing, resolution, now)
         })
+    }
+}
+
+impl ListRecords for MemoryStore {
+    /// Looks at every record, one shard lock at a time: the store is in memory, so that is
+    /// bounded by what the process holds.
+    async fn list(&self, filter: &RecordFilter) -> Result<Listing, StoreError> {
+        let now = self.clock.now();
+        let mut found = Vec::new();
+        for shard in self.shards.iter() {
+            let shard = shard.lock().unwrap_or_else(|p| p.into_inner());
+            found.extend(
+                shard
+                    .records
+                    .values()
+                    .filter(|r| filter.matches(r, now))
+                    .cloned(),
+            );
+        }
+        Ok(filter.finish(found, now, false))
     }
 }

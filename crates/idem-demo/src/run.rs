@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 use idem_client::{HttpTransport, Intent, RetryPolicy, ToolClass, ToolClient, ToolPolicy};
-use idem_core::Store;
+use idem_core::{ListRecords, Store};
 use idem_gateway::{Bound, FileConfig, Overrides, Settings};
 use serde::Serialize;
 use serde_json::json;
@@ -89,7 +89,7 @@ async fn start_api(db: &Path) -> Result<SocketAddr> {
 }
 
 /// Starts `idem serve` in this process in front of `upstream`; stops when the sender drops.
-async fn start_gateway<St: Store + Clone>(
+async fn start_gateway<St: Store + ListRecords + Clone>(
     upstream: SocketAddr,
     store: St,
 ) -> Result<(SocketAddr, tokio::sync::oneshot::Sender<()>)> {
@@ -279,7 +279,7 @@ fn story(outcome: &Outcome, keyed: bool) -> Vec<String> {
 }
 
 /// Runs both halves of the demo. `progress` is called once per intent finished.
-pub async fn run<St: Store + Clone>(
+pub async fn run<St: Store + ListRecords + Clone>(
     opts: &Options,
     store: St,
     progress: &(dyn Fn() + Sync),

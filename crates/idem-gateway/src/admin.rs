@@ -1,39 +1,81 @@
-//! The admin listener: `/healthz`, `/metrics` (Prometheus) and `/keys/{key}?scope=`, on its
-//! own address (loopback by default), optionally behind a bearer token.
+//! The admin listener: `/healthz`, `/metrics` (Prometheus), `/keys/{key}?scope=` and the
+//! admin page under `/ui`, on its own address (loopback by default), optionally behind a
+//! token.
+//!
+//! - `access`: the bearer token, the page's login cookie and its forms' protection.
+//! - `ui`: the page (records abandoned first, search, a record's timeline, resolve).
+//! - `timeline`, `counts`, `html`: what the page shows, and how it is escaped.
+
+mod access;
+mod counts;
+mod html;
+mod timeline;
+mod ui;
 
 use std::sync::Arc;
 
-use axum::extract::{Path, Query, State};
+use axum::extract::{Path, Query, Request, State};
 use axum::http::{HeaderMap, StatusCode, header};
-use axum::response::{IntoResponse, Response};
-use axum::routing::get;
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Redirect, Response};
+use axum::routing::{get, post};
 use axum::{Json, Router};
-use idem_core::{Clock, Key, Scope, Store, SystemClock};
+use idem_core::{Clock, Key, ListRecords, Scope, Store, SystemClock};
 use metrics_exporter_prometheus::PrometheusHandle;
 use serde::Deserialize;
 use serde_json::json;
 
+use access::Access;
+
 struct AdminState<St> {
     store: St,
     metrics: PrometheusHandle,
-    token: Option<String>,
+    access: Access,
+    /// The time records' states are read at: the store's clock.
+    clock: Arc<dyn Clock>,
 }
 
-/// The admin router.
-pub fn router<St: Store + Clone>(
+/// The admin router, reading records' states on the system clock.
+pub fn router<St: Store + ListRecords + Clone>(
     store: St,
     metrics: PrometheusHandle,
     token: Option<String>,
 ) -> Router {
+    router_on_clock(store, metrics, token, Arc::new(SystemClock))
+}
+
+/// The admin router, reading records' states on `clock` (the one the store was opened with,
+/// so the page and the store agree on which leases have ended).
+pub fn router_on_clock<St: Store + ListRecords + Clone>(
+    store: St,
+    metrics: PrometheusHandle,
+    token: Option<String>,
+    clock: Arc<dyn Clock>,
+) -> Router {
     let state = Arc::new(AdminState {
         store,
         metrics,
-        token,
+        access: Access::new(token),
+        clock,
     });
+    let page = Router::new()
+        .route("/ui", get(ui::list_page::<St>))
+        .route("/ui/counts", get(ui::counts_frame::<St>))
+        .route("/ui/record", get(ui::record_page::<St>))
+        .route("/ui/resolve", post(ui::resolve::<St>))
+        .route_layer(middleware::from_fn_with_state(
+            state.clone(),
+            page_gate::<St>,
+        ));
     Router::new()
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/metrics", get(metrics_page::<St>))
         .route("/keys/{key}", get(key_page::<St>))
+        .route("/", get(|| async { Redirect::to("/ui") }))
+        .merge(page)
+        .route("/ui/login", get(ui::login_form::<St>).post(ui::login::<St>))
+        .route("/ui/logout", post(ui::logout::<St>))
+        .route("/ui/style.css", get(ui::style))
         .with_state(state)
 }
 
@@ -48,29 +90,22 @@ fn problem(status: StatusCode, detail: String) -> Response {
         .into_response()
 }
 
-/// The credentials of `Authorization: Bearer <token>`; the scheme in any case (RFC 9110
-/// §11.1), then one or more spaces (§11.4).
-fn bearer(value: &str) -> Option<&str> {
-    let (scheme, token) = value.split_once(' ')?;
-    scheme
-        .eq_ignore_ascii_case("bearer")
-        .then(|| token.trim_start_matches(' '))
+/// The page's gate: without the token or the session cookie, the login form (401) instead.
+async fn page_gate<St: Store>(
+    State(state): State<Arc<AdminState<St>>>,
+    req: Request,
+    next: Next,
+) -> Response {
+    if state.access.page_ok(req.headers()) {
+        next.run(req).await
+    } else {
+        ui::login_page(&state.access, StatusCode::UNAUTHORIZED, "")
+    }
 }
 
 /// `None` when allowed; the refusal otherwise. Compares in constant time.
 fn refused<St>(state: &AdminState<St>, headers: &HeaderMap) -> Option<Response> {
-    let want = state.token.as_ref()?;
-    let got = headers
-        .get(header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(bearer)
-        .unwrap_or("");
-    let same = got.len() == want.len()
-        && got
-            .bytes()
-            .zip(want.bytes())
-            .fold(0u8, |acc, (a, b)| acc | (a ^ b))
-            == 0;
+    let same = state.access.bearer_ok(headers);
     if same {
         None
     } else {
@@ -124,7 +159,7 @@ async fn key_page<St: Store>(
     };
     match state.store.get(&scope, &key).await {
         Ok(Some(record)) => {
-            Json(idem_core::report::to_json(&record, SystemClock.now())).into_response()
+            Json(idem_core::report::to_json(&record, state.clock.now())).into_response()
         }
         Ok(None) => problem(
             StatusCode::NOT_FOUND,

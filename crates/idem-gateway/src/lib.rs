@@ -8,7 +8,7 @@
 //!
 //! - [`config`]: the TOML file, flags and environment, validated into [`config::Settings`].
 //! - [`proxy`]: forwarding upstream.
-//! - [`admin`]: `/healthz`, `/metrics`, `/keys/{key}`.
+//! - [`admin`]: `/healthz`, `/metrics`, `/keys/{key}`, and the admin page under `/ui`.
 //! - [`server`]: listeners, background purge, graceful shutdown.
 
 pub mod admin;

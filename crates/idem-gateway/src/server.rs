@@ -12,7 +12,7 @@ use hyper::server::conn::http1;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::server::graceful::GracefulShutdown;
 use hyper_util::service::TowerToHyperService;
-use idem_core::Store;
+use idem_core::{ListRecords, Store};
 use idem_http::IdempotencyLayer;
 use metrics_exporter_prometheus::PrometheusHandle;
 use tokio::net::TcpListener;
@@ -33,7 +33,7 @@ pub struct Bound {
 
 /// Binds both listeners, reports where through `on_bound`, and serves until `shutdown`
 /// resolves; then stops accepting and gives in-flight requests `shutdown_timeout` to finish.
-pub async fn serve<St: Store + Clone>(
+pub async fn serve<St: Store + ListRecords + Clone>(
     settings: Settings,
     store: St,
     metrics: PrometheusHandle,

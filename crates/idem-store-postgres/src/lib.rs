@@ -16,6 +16,7 @@ mod claims;
 mod completions;
 mod inner;
 mod leases;
+mod listing;
 mod maintenance;
 mod options;
 mod refusals;

@@ -32,6 +32,7 @@ pub(crate) struct Sql {
     pub(crate) delete: String,
     pub(crate) purge: String,
     pub(crate) count_replays: String,
+    pub(crate) list: String,
 }
 
 impl Sql {
@@ -154,6 +155,20 @@ WHERE NOT EXISTS (SELECT 1 FROM ins WHERE ins.scope = cur.scope AND ins.key = cu
                    WHERE r.completed_at IS NOT NULL AND r.expires_at <= t.now \
                    ORDER BY r.expires_at LIMIT $2 FOR UPDATE OF r SKIP LOCKED) \
                  DELETE FROM {t} r USING doomed d WHERE r.scope = d.scope AND r.key = d.key"
+            ),
+            // An operator's listing (`ListRecords`): unexpired rows matching the prefixes
+            // (`starts_with`, no LIKE wildcards) and the state rank ($4, NULL for any), in the
+            // listing's order (abandoned, in flight, completed; newest first; then bytewise by
+            // scope and key, hence COLLATE "C"). LEFT JOIN so the time comes back with no row.
+            list: format!(
+                r#"WITH t AS ({NOW}) SELECT t.now, r.* FROM t LEFT JOIN LATERAL (
+  SELECT x.* FROM {t} x WHERE x.expires_at > t.now
+    AND starts_with(x.key, $2) AND starts_with(x.scope, $3)
+    AND ($4::int IS NULL OR {rank} = $4::int)
+  ORDER BY {rank}, x.created_at DESC, x.scope COLLATE "C", x.key COLLATE "C"
+  LIMIT $5) r ON true"#,
+                rank = "(CASE WHEN x.completed_at IS NOT NULL THEN 2 \
+                         WHEN x.lease_expires_at > t.now THEN 1 ELSE 0 END)",
             ),
             count_replays: format!(
                 "UPDATE {t} r SET replays = LEAST(r.replays + u.n, 4294967295) \

@@ -2,7 +2,7 @@
 //!
 //! This module opens the store, starts its background tasks (the claim and completion
 //! batchers, the replay writer) and answers the `Store` trait by delegating. Each operation
-//! lives in the module of its job (`claims`, `completions`, `leases`, `maintenance`, with
+//! lives in the module of its job (`claims`, `completions`, `leases`, `maintenance`, `listing`, with
 //! `refusals` beneath the fenced writes), all on the shared state in `inner`; none of them
 //! refers back to this module.
 
@@ -12,8 +12,8 @@ use std::time::Duration;
 
 use deadpool_postgres::Pool;
 use idem_core::{
-    Claim, ClaimRequest, FencingToken, Key, Record, Resolution, Scope, Store, StoreError,
-    StoredResponse, Timestamp, machine,
+    Claim, ClaimRequest, FencingToken, Key, ListRecords, Listing, Record, RecordFilter, Resolution,
+    Scope, Store, StoreError, StoredResponse, Timestamp, machine,
 };
 
 use crate::batch::Batcher;
@@ -203,5 +203,11 @@ impl Store for PgStore {
         resolution: Resolution,
     ) -> Result<Option<Record>, StoreError> {
         self.inner.resolve(scope, key, resolution).await
+    }
+}
+
+impl ListRecords for PgStore {
+    async fn list(&self, filter: &RecordFilter) -> Result<Listing, StoreError> {
+        self.inner.list(filter).await
     }
 }

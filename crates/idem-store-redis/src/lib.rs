@@ -15,6 +15,7 @@
 //! `appendfsync always`) or evict a record is refused at connect, unless the URL says
 //! `durability=volatile` ([`Durability`]).
 
+mod listing;
 mod options;
 mod reply;
 mod scripts;

@@ -54,7 +54,7 @@ impl fmt::Debug for RedisStore {
     }
 }
 
-fn unavailable(what: &str, e: impl fmt::Display) -> StoreError {
+pub(crate) fn unavailable(what: &str, e: impl fmt::Display) -> StoreError {
     StoreError::Unavailable(format!("redis: {what}: {e}").into())
 }
 
@@ -207,7 +207,17 @@ impl RedisStore {
         }
     }
 
-    async fn redis_now(&self) -> Result<Timestamp, StoreError> {
+    /// A handle on the shared multiplexed connection.
+    pub(crate) fn connection(&self) -> ConnectionManager {
+        self.inner.con.clone()
+    }
+
+    /// The bound on each round trip.
+    pub(crate) fn op_timeout(&self) -> Duration {
+        self.inner.op_timeout
+    }
+
+    pub(crate) async fn redis_now(&self) -> Result<Timestamp, StoreError> {
         if let Some(c) = &self.inner.clock {
             return Ok(c.now());
         }

@@ -2,7 +2,10 @@
 
 use idem_core::clock::duration_millis;
 use idem_core::store::columns::{Columns, completed_by_code};
-use idem_core::{FencingToken, Key, Record, Scope, StoreError, StoredResponse, Timestamp};
+use idem_core::store::list::state_rank;
+use idem_core::{
+    FencingToken, Key, Record, RecordFilter, Scope, StoreError, StoredResponse, Timestamp,
+};
 use rusqlite::{Connection, OptionalExtension, Row, params};
 
 const COLUMNS: &str = "scope, key, fingerprint, token, created_at, acquired_at, lease_expires_at, \
@@ -40,6 +43,42 @@ pub(crate) fn select(
         .query_row(params![scope.as_str(), key.as_str()], raw)
         .optional()?;
     Ok(row.map(|c| c.into_record("sqlite")).transpose())
+}
+
+/// A record's state as `listing_order` ranks it, at `?1`.
+const RANK: &str = "(CASE WHEN completed_at IS NOT NULL THEN 2 \
+     WHEN lease_expires_at > ?1 THEN 1 ELSE 0 END)";
+
+/// Up to `limit` unexpired records matching `filter` at `now`, in the listing's order
+/// (`substr` compares prefixes without LIKE's wildcards; BINARY collation orders bytewise,
+/// as `listing_order` does).
+pub(crate) fn list(
+    conn: &Connection,
+    filter: &RecordFilter,
+    now: Timestamp,
+    limit: usize,
+) -> rusqlite::Result<Result<Vec<Record>, StoreError>> {
+    let mut stmt = conn.prepare_cached(&format!(
+        "SELECT {COLUMNS} FROM idem_records WHERE expires_at > ?1 \
+         AND substr(key, 1, length(?2)) = ?2 AND substr(scope, 1, length(?3)) = ?3 \
+         AND (?4 IS NULL OR {RANK} = ?4) \
+         ORDER BY {RANK}, created_at DESC, scope, key LIMIT ?5"
+    ))?;
+    let rank = filter.state.map(|s| i64::from(state_rank(s)));
+    let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+    let rows = stmt
+        .query_map(
+            params![
+                now.as_millis(),
+                filter.key_prefix,
+                filter.scope_prefix,
+                rank,
+                limit
+            ],
+            raw,
+        )?
+        .collect::<rusqlite::Result<Vec<Columns>>>()?;
+    Ok(rows.into_iter().map(|c| c.into_record("sqlite")).collect())
 }
 
 pub(crate) fn upsert(conn: &Connection, r: &Record) -> rusqlite::Result<()> {

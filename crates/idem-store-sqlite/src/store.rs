@@ -9,8 +9,9 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 use idem_core::{
-    AbandonedPolicy, Claim, ClaimRequest, Clock, FencingToken, Key, Record, RecordState,
-    Resolution, Scope, Store, StoreError, StoredResponse, SystemClock, Timestamp,
+    AbandonedPolicy, Claim, ClaimRequest, Clock, FencingToken, Key, ListRecords, Listing, Record,
+    RecordFilter, RecordState, Resolution, Scope, Store, StoreError, StoredResponse, SystemClock,
+    Timestamp,
 };
 use tokio::sync::oneshot;
 
@@ -236,13 +237,21 @@ impl SqliteStore {
     /// readers, which write to the shared-memory index) must hold up neither an async worker
     /// nor its caller past the bound. A read left behind finishes on its blocking thread.
     async fn read(&self, scope: &Scope, key: &Key) -> Result<Option<Record>, StoreError> {
-        let this = self.clone();
         let (scope, key) = (scope.clone(), key.clone());
-        let read = tokio::task::spawn_blocking(move || {
-            this.inner
-                .readers
-                .with(|conn| row::select(conn, &scope, &key))
-        });
+        self.on_reader(move |conn| row::select(conn, &scope, &key))
+            .await
+    }
+
+    /// Runs `f` on a pooled read connection, on the blocking pool and within the operation
+    /// timeout (see [`SqliteStore::read`]).
+    async fn on_reader<T: Send + 'static>(
+        &self,
+        f: impl FnOnce(&rusqlite::Connection) -> rusqlite::Result<Result<T, StoreError>>
+        + Send
+        + 'static,
+    ) -> Result<T, StoreError> {
+        let this = self.clone();
+        let read = tokio::task::spawn_blocking(move || this.inner.readers.with(f));
         match tokio::time::timeout(self.inner.op_timeout, read).await {
             Ok(done) => done.map_err(StoreError::unavailable)?,
             Err(_) => Err(self.timed_out("read")),
@@ -371,5 +380,19 @@ impl Store for SqliteStore {
             Done::Resolved(r) => Ok(r),
             other => Err(unexpected(other)),
         }
+    }
+}
+
+impl ListRecords for SqliteStore {
+    /// One query on a read connection: filtered, ordered and cut in SQL (a top-N sort over
+    /// the table), one row past the limit to tell whether more match.
+    async fn list(&self, filter: &RecordFilter) -> Result<Listing, StoreError> {
+        let now = self.inner.clock.now();
+        let limit = filter.effective_limit();
+        let query = filter.clone();
+        let rows = self
+            .on_reader(move |conn| row::list(conn, &query, now, limit + 1))
+            .await?;
+        Ok(filter.finish(rows, now, false))
     }
 }

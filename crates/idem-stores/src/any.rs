@@ -3,8 +3,8 @@
 use std::time::Duration;
 
 use idem_core::{
-    Claim, ClaimRequest, FencingToken, Key, MemoryStore, Record, Resolution, Scope, Store,
-    StoreError, StoredResponse, Timestamp,
+    Claim, ClaimRequest, FencingToken, Key, ListRecords, Listing, MemoryStore, Record,
+    RecordFilter, Resolution, Scope, Store, StoreError, StoredResponse, Timestamp,
 };
 use idem_store_postgres::PgStore;
 use idem_store_redis::RedisStore;
@@ -104,5 +104,11 @@ impl Store for AnyStore {
         resolution: Resolution,
     ) -> Result<Option<Record>, StoreError> {
         dispatch!(self, s => s.resolve(scope, key, resolution))
+    }
+}
+
+impl ListRecords for AnyStore {
+    async fn list(&self, filter: &RecordFilter) -> Result<Listing, StoreError> {
+        dispatch!(self, s => s.list(filter))
     }
 }

@@ -15,6 +15,9 @@ use idem_core::{
 
 use crate::{Cx, LEASE, RETENTION, fp, key, response};
 
+// Cases kept in their own modules, listed like the ones here.
+pub use super::listing::records_are_listed_abandoned_first_and_filtered;
+
 fn acquired(c: Result<Claim, StoreError>) -> idem_core::Lease {
     match c {
         Ok(Claim::Acquired(l)) => l,

@@ -15,12 +15,14 @@
 
 pub mod columns;
 mod error;
+pub mod list;
 mod metered;
 
 use std::future::Future;
 use std::time::Duration;
 
 pub use error::{BoxError, Stale, StoreError};
+pub use list::{ListRecords, Listing, RecordFilter};
 pub use metered::MeteredStore;
 
 use crate::clock::Timestamp;

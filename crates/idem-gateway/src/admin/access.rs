@@ -1,0 +1,210 @@
+//! Who may use the admin listener, and how a browser proves it without JavaScript.
+//!
+//! With a token configured, programs send `Authorization: Bearer <token>`. A browser cannot
+//! set that header from a plain HTML form, so the page has a login form: the token posted
+//! once is exchanged for a session cookie that is `HttpOnly` (no script reads it) and
+//! `SameSite=Strict` (no other site's page sends it, so a cross-site form cannot act with
+//! it). The cookie holds an HMAC of a fixed label under the token, not the token: it opens
+//! only the page, is not a bearer token for anything else, and is void once the token
+//! changes.
+//!
+//! Every form that changes something also carries a per-process random value
+//! ([`Access::form_token`]), and a POST whose `Origin` names another host is refused: with
+//! no admin token configured (the loopback default) there is no cookie to protect, and those
+//! two are what stop another site's page from posting to the listener.
+
+use axum::http::{HeaderMap, header};
+use hmac::{Hmac, Mac};
+use sha2::Sha256;
+
+/// The session cookie's name.
+pub(crate) const COOKIE: &str = "idem_admin";
+
+/// How long a browser keeps the session cookie.
+const SESSION_SECONDS: u32 = 8 * 60 * 60;
+
+/// The admin listener's credentials.
+pub(crate) struct Access {
+    token: Option<String>,
+    /// `HMAC(token, label)`, hex: the session cookie's value.
+    session: Option<String>,
+    /// Random per process: the hidden field of every form that changes something.
+    form_token: String,
+}
+
+/// Compares in constant time (for equal lengths; lengths are not secret).
+pub(crate) fn same(got: &str, want: &str) -> bool {
+    got.len() == want.len()
+        && got
+            .bytes()
+            .zip(want.bytes())
+            .fold(0u8, |acc, (a, b)| acc | (a ^ b))
+            == 0
+}
+
+/// The credentials of `Authorization: Bearer <token>`; the scheme in any case (RFC 9110
+/// §11.1), then one or more spaces (§11.4).
+pub(crate) fn bearer(value: &str) -> Option<&str> {
+    let (scheme, token) = value.split_once(' ')?;
+    scheme
+        .eq_ignore_ascii_case("bearer")
+        .then(|| token.trim_start_matches(' '))
+}
+
+fn cookie<'h>(headers: &'h HeaderMap, name: &str) -> Option<&'h str> {
+    headers
+        .get_all(header::COOKIE)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(';'))
+        .filter_map(|pair| pair.trim().split_once('='))
+        .find(|(n, _)| *n == name)
+        .map(|(_, v)| v)
+}
+
+impl Access {
+    pub(crate) fn new(token: Option<String>) -> Self {
+        let session = token.as_deref().map(|t| {
+            // HMAC takes a key of any length; `new_from_slice` cannot fail for it.
+            let mac = <Hmac<Sha256> as Mac>::new_from_slice(t.as_bytes())
+                .map(|m| m.chain_update(b"idem admin page session v1").finalize());
+            mac.map_or_else(|_| String::new(), |m| hex::encode(m.into_bytes()))
+        });
+        Access {
+            token,
+            session,
+            form_token: hex::encode(rand::random::<[u8; 16]>()),
+        }
+    }
+
+    /// Whether a token is required at all.
+    pub(crate) fn required(&self) -> bool {
+        self.token.is_some()
+    }
+
+    /// Whether `headers` carry the bearer token.
+    pub(crate) fn bearer_ok(&self, headers: &HeaderMap) -> bool {
+        let Some(want) = &self.token else {
+            return true;
+        };
+        let got = headers
+            .get(header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(bearer)
+            .unwrap_or("");
+        same(got, want)
+    }
+
+    /// Whether the page may be shown: no token configured, the bearer token, or the session
+    /// cookie.
+    pub(crate) fn page_ok(&self, headers: &HeaderMap) -> bool {
+        match &self.session {
+            None => true,
+            Some(want) => {
+                self.bearer_ok(headers) || cookie(headers, COOKIE).is_some_and(|c| same(c, want))
+            }
+        }
+    }
+
+    /// Whether `token` (typed into the login form) is the admin token.
+    pub(crate) fn token_is(&self, token: &str) -> bool {
+        self.token.as_deref().is_some_and(|want| same(token, want))
+    }
+
+    /// The `Set-Cookie` value that opens the page.
+    pub(crate) fn session_cookie(&self) -> String {
+        format!(
+            "{COOKIE}={}; Path=/ui; HttpOnly; SameSite=Strict; Max-Age={SESSION_SECONDS}",
+            self.session.as_deref().unwrap_or("")
+        )
+    }
+
+    /// The `Set-Cookie` value that closes it.
+    pub(crate) fn logout_cookie() -> String {
+        format!("{COOKIE}=; Path=/ui; HttpOnly; SameSite=Strict; Max-Age=0")
+    }
+
+    /// The hidden field every changing form carries.
+    pub(crate) fn form_token(&self) -> &str {
+        &self.form_token
+    }
+
+    /// Whether a POST may change something: it carries this process's form token, and its
+    /// `Origin`, when sent, is this listener's own host.
+    pub(crate) fn post_ok(&self, headers: &HeaderMap, form_token: &str) -> bool {
+        same(form_token, &self.form_token) && same_origin(headers)
+    }
+}
+
+/// `Origin` absent (some clients omit it), or naming the `Host` the request was sent to.
+fn same_origin(headers: &HeaderMap) -> bool {
+    let Some(origin) = headers.get(header::ORIGIN) else {
+        return true;
+    };
+    let host = headers.get(header::HOST).and_then(|h| h.to_str().ok());
+    let origin_host = origin
+        .to_str()
+        .ok()
+        .and_then(|o| o.split_once("://"))
+        .map(|(_, rest)| rest.trim_end_matches('/'));
+    matches!((origin_host, host), (Some(o), Some(h)) if o.eq_ignore_ascii_case(h))
+}
+
+#[cfg(test)]
+mod tests {
+    use axum::http::HeaderValue;
+
+    use super::*;
+
+    fn headers(pairs: &[(header::HeaderName, &str)]) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        for (n, v) in pairs {
+            h.append(n.clone(), HeaderValue::from_str(v).expect("test header"));
+        }
+        h
+    }
+
+    #[test]
+    fn the_cookie_opens_the_page_but_is_not_the_token() {
+        let a = Access::new(Some("s3cret".into()));
+        let set = a.session_cookie();
+        let value = set
+            .split(';')
+            .next()
+            .and_then(|p| p.split_once('='))
+            .map(|(_, v)| v.to_owned())
+            .expect("cookie value");
+        assert!(!value.contains("s3cret"));
+        assert!(set.contains("HttpOnly") && set.contains("SameSite=Strict"));
+        let with_cookie = headers(&[(header::COOKIE, &format!("other=1; {COOKIE}={value}"))]);
+        assert!(a.page_ok(&with_cookie));
+        assert!(
+            !a.bearer_ok(&with_cookie),
+            "the cookie is not a bearer token"
+        );
+        assert!(!a.page_ok(&headers(&[(header::COOKIE, &format!("{COOKIE}=00"))])));
+        assert!(!a.page_ok(&HeaderMap::new()));
+        assert!(a.page_ok(&headers(&[(header::AUTHORIZATION, "Bearer s3cret")])));
+        // Another token makes another cookie.
+        assert_ne!(Access::new(Some("other".into())).session_cookie(), set);
+    }
+
+    #[test]
+    fn a_post_needs_the_form_token_and_its_own_origin() {
+        let a = Access::new(None);
+        let t = a.form_token().to_owned();
+        let local = headers(&[
+            (header::HOST, "127.0.0.1:9091"),
+            (header::ORIGIN, "http://127.0.0.1:9091"),
+        ]);
+        assert!(a.post_ok(&local, &t));
+        assert!(!a.post_ok(&local, "guess"));
+        let foreign = headers(&[
+            (header::HOST, "127.0.0.1:9091"),
+            (header::ORIGIN, "https://evil.example"),
+        ]);
+        assert!(!a.post_ok(&foreign, &t));
+        assert!(a.post_ok(&headers(&[(header::HOST, "127.0.0.1:9091")]), &t));
+        assert!(!Access::new(None).post_ok(&local, &t), "per process");
+    }
+}
