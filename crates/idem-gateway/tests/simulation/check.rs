@@ -82,3 +82,99 @@ pub(crate) fn completed_intents(answers: &[Answer]) -> BTreeMap<Intent, Bytes> {
         })
         .collect()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn intent() -> Intent {
+        ("Bearer tenant-0".into(), "order-0".into())
+    }
+
+    fn answer(sent_ms: u128, received_ms: u128, outcome: Outcome) -> Answer {
+        Answer {
+            client: 0,
+            intent: intent(),
+            gateway: 0,
+            sent_ms,
+            received_ms,
+            outcome,
+        }
+    }
+
+    fn ledger(executions: u32, first: &'static str) -> Ledger {
+        Ledger {
+            executions: u64::from(executions),
+            by_intent: BTreeMap::from([(
+                intent(),
+                (executions, Bytes::from_static(first.as_bytes())),
+            )]),
+        }
+    }
+
+    fn completed(body: &'static str) -> Outcome {
+        Outcome::Completed {
+            body: Bytes::from_static(body.as_bytes()),
+            replayed: true,
+        }
+    }
+
+    fn problem(status: u16, name: &str) -> Outcome {
+        Outcome::Problem {
+            status,
+            name: name.into(),
+        }
+    }
+
+    #[test]
+    fn a_run_that_kept_the_invariants_has_no_violations() {
+        let answers = [
+            answer(0, 10, problem(504, "upstream-timeout")),
+            answer(20, 30, completed("ch_1")),
+            answer(40, 50, completed("ch_1")),
+        ];
+        assert_eq!(
+            violations(&answers, &ledger(1, "ch_1")),
+            Vec::<String>::new()
+        );
+    }
+
+    #[test]
+    fn each_broken_invariant_is_reported() {
+        let twice = violations(&[], &ledger(2, "ch_1"));
+        assert!(twice[0].contains("executed 2 times"), "{twice:?}");
+        let other = violations(&[answer(0, 10, completed("ch_2"))], &ledger(1, "ch_1"));
+        assert!(other[0].contains("the first execution's was"), "{other:?}");
+        let undocumented = violations(
+            &[answer(0, 10, problem(422, "key-reused"))],
+            &ledger(1, "ch_1"),
+        );
+        assert!(
+            undocumented[0].contains("not a documented refusal"),
+            "{undocumented:?}"
+        );
+        let lost = [
+            answer(0, 10, completed("ch_1")),
+            answer(20, 30, problem(409, "outcome-unknown")),
+        ];
+        let lost = violations(&lost, &ledger(1, "ch_1"));
+        assert!(
+            lost[0].contains("sent after the intent was answered completed"),
+            "{lost:?}"
+        );
+    }
+
+    #[test]
+    fn an_answer_in_flight_before_the_completion_reached_a_client_is_not_a_loss() {
+        // Sent at 5 ms, before any client held the result (10 ms): the gateway may have
+        // answered it while the first execution was still running.
+        let answers = [
+            answer(0, 10, completed("ch_1")),
+            answer(5, 40, problem(409, "in-flight")),
+        ];
+        assert_eq!(
+            violations(&answers, &ledger(1, "ch_1")),
+            Vec::<String>::new()
+        );
+    }
+}
