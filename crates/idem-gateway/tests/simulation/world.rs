@@ -107,7 +107,7 @@ pub(crate) fn run(seed: u64, kind: StoreKind) -> Run {
                 op_timeout: Duration::from_secs(60),
                 ..SqliteOptions::default()
             };
-            let store = SqliteStore::open_with(&dir.path().join("idem.db"), options)
+            let store = SqliteStore::open_with(dir.path().join("idem.db"), options)
                 .unwrap_or_else(|e| panic!("{e}"));
             run_on(seed, store, &clock)
         }
@@ -122,8 +122,8 @@ fn run_on<St: Store + Clone>(seed: u64, store: St, clock: &Arc<ManualClock>) -> 
         .epoch(UNIX_EPOCH + Duration::from_secs(EPOCH_SECS))
         .simulation_duration(Duration::from_secs(3_600))
         .tick_duration(TICK)
-        .min_message_latency(Duration::from_millis(1))
-        .max_message_latency(Duration::from_millis(shape.max_latency_ms))
+        .min_message_latency(Duration::from_millis(shape.max_latency_ms / 2))
+        .max_message_latency(Duration::from_millis(shape.max_latency_ms / 2))
         .build();
     let ledger = Rc::new(RefCell::new(Ledger::default()));
     let log = Rc::new(RefCell::new(Vec::<Answer>::new()));
@@ -155,6 +155,20 @@ fn run_on<St: Store + Clone>(seed: u64, store: St, clock: &Arc<ManualClock>) -> 
         sim.client(format!("client-{c}"), client::run(plan, log.clone()));
     }
 
+    // Each link its own delay, drawn from the seed, the same for every message on it. Not a
+    // delay per message: a crash drops the host's tasks in an order that depends on tokio's
+    // process-wide task ids (its task list is sharded by id), so the connections it closes
+    // would draw their delays from turmoil's generator in an order that differs between two
+    // runs of one seed in one process.
+    for g in 0..shape.gateways {
+        let others = (0..shape.clients)
+            .map(|c| format!("client-{c}"))
+            .chain(["upstream".to_owned()]);
+        for other in others {
+            let delay = Duration::from_millis(rng.random_range(1..=shape.max_latency_ms));
+            sim.set_link_latency(format!("gateway-{g}"), other, delay);
+        }
+    }
     let mut chaos = Chaos::new(shape.gateways, shape.clients);
     let finished = loop {
         clock.set(now(&sim));
