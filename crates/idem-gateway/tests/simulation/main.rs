@@ -35,23 +35,44 @@ fn env_u64(name: &str) -> Option<u64> {
     }
 }
 
-/// Runs seeds `first..first + count` on `kind` and fails with every seed that broke an
-/// invariant, each with the command that replays it. Returns how often each kind of answer
-/// and fault happened over all of them.
+/// Runs seeds `first..first + count` on `kind`, spread over the machine's cores (each run is
+/// a world of its own on its thread), and fails with every seed that broke an invariant,
+/// each with the command that replays it. Returns how often each kind of answer and fault
+/// happened over all of them.
 fn run_seeds(first: u64, count: u64, kind: StoreKind) -> BTreeMap<String, usize> {
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get() as u64);
+    let runs: Vec<(u64, world::Run)> = std::thread::scope(|s| {
+        let workers: Vec<_> = (0..threads)
+            .map(|t| {
+                s.spawn(move || {
+                    (first + t..first + count)
+                        .step_by(threads as usize)
+                        .map(|seed| (seed, run(seed, kind)))
+                        .collect::<Vec<_>>()
+                })
+            })
+            .collect();
+        workers
+            .into_iter()
+            .flat_map(|w| w.join().unwrap_or_else(|e| std::panic::resume_unwind(e)))
+            .collect()
+    });
     let mut failed = Vec::new();
     let (mut attempts, mut executions) = (0, 0);
     let mut tally = BTreeMap::new();
-    for seed in first..first + count {
-        let run = run(seed, kind);
+    for (seed, run) in runs {
         attempts += run.attempts;
         executions += run.executions;
         for (kind, n) in run.tally {
             *tally.entry(kind).or_default() += n;
         }
         if !run.violations.is_empty() {
+            let store = match kind {
+                StoreKind::Sqlite => "IDEM_SIM_STORE=sqlite ",
+                StoreKind::Memory => "",
+            };
             failed.push(format!(
-                "seed {seed} ({kind:?}): {}\n  replay: IDEM_SIM_SEED={seed} cargo test -p idem-gateway --test simulation one_seed -- --ignored --nocapture",
+                "seed {seed} ({kind:?}): {}\n  replay: {store}IDEM_SIM_SEED={seed} cargo test -p idem-gateway --test simulation one_seed -- --ignored --nocapture",
                 run.violations.join("\n  ")
             ));
         }
