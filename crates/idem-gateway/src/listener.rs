@@ -1,6 +1,6 @@
 //! Where the gateway's connections come from: a [`Listener`] is anything that accepts byte
 //! streams with a peer address. `idem serve` listens with tokio's TCP listener; the
-//! deterministic simulation (`tests/simulation.rs`) brings a simulated network's.
+//! deterministic simulation (`tests/simulation/`) brings a simulated network's.
 
 use std::future::Future;
 use std::io;

@@ -36,7 +36,7 @@ pub type UpstreamConnector = HttpsConnector<HttpConnector>;
 
 /// A service that forwards requests to one upstream, connecting to it with `C` (a tower
 /// `Service<Uri>` yielding connections): [`UpstreamConnector`] in `idem serve`; a simulated
-/// network in the deterministic simulation (`tests/simulation.rs`).
+/// network in the deterministic simulation (`tests/simulation/`).
 #[derive(Debug, Clone)]
 pub struct Proxy<C = UpstreamConnector> {
     client: Client<C, Body>,

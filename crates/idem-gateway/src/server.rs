@@ -73,7 +73,7 @@ pub struct Listeners<L, A> {
 
 /// [`serve`] on listeners and a proxy made elsewhere: what `serve` does once it has bound,
 /// for callers that bring their own network (the deterministic simulation in
-/// `tests/simulation.rs` runs the gateway on a simulated one). `settings.listen` and
+/// `tests/simulation/` runs the gateway on a simulated one). `settings.listen` and
 /// `settings.admin_listen` are not read.
 pub async fn serve_on<St, L, A, C>(
     settings: Settings,
