@@ -47,7 +47,12 @@ fn run_seeds(first: u64, count: u64, kind: StoreKind) -> BTreeMap<String, usize>
                 s.spawn(move || {
                     (first + t..first + count)
                         .step_by(threads as usize)
-                        .map(|seed| (seed, run(seed, kind)))
+                        .map(|seed| {
+                            if seed > first && (seed - first) % 1_000 == 0 {
+                                eprintln!("{kind:?}: seed {seed} of {first}..{}", first + count);
+                            }
+                            (seed, run(seed, kind))
+                        })
                         .collect::<Vec<_>>()
                 })
             })
