@@ -5,7 +5,7 @@
 //!
 //! ```sh
 //! cargo test -p idem-gateway --test simulation                       # the CI's seeds
-//! IDEM_SIM_SEEDS=10000 cargo test --release -p idem-gateway --test simulation many_seeds
+//! IDEM_SIM_SEEDS=10000 cargo test -p idem-gateway --test simulation many_seeds -- --nocapture
 //! IDEM_SIM_SEED=1234 cargo test -p idem-gateway --test simulation one_seed -- --ignored --nocapture
 //! ```
 //!
