@@ -10,11 +10,14 @@
 //! - [`proxy`]: forwarding upstream.
 //! - [`admin`]: `/healthz`, `/metrics`, `/keys/{key}`, and the admin page under `/ui`.
 //! - [`server`]: listeners, background purge, graceful shutdown.
+//! - [`listener`]: where connections come from (TCP, or a simulated network).
 
 pub mod admin;
 pub mod config;
+pub mod listener;
 pub mod proxy;
 pub mod server;
 
 pub use config::{FileConfig, Overrides, Settings};
-pub use server::{Bound, serve};
+pub use listener::Listener;
+pub use server::{Bound, Listeners, serve, serve_on};

@@ -18,7 +18,7 @@ use http::{Method, Request, Response, StatusCode, Uri};
 use http_body_util::BodyExt;
 use hyper_rustls::{HttpsConnector, HttpsConnectorBuilder};
 use hyper_util::client::legacy::Client;
-use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::client::legacy::connect::{Connect, HttpConnector};
 use hyper_util::rt::{TokioExecutor, TokioTimer};
 use idem_http::{Body, Executed, Problem};
 use rustls::pki_types::CertificateDer;
@@ -31,10 +31,15 @@ use crate::config::Settings;
 #[derive(Debug, Clone, Copy)]
 pub struct ClientAddr(pub SocketAddr);
 
-/// A service that forwards requests to one upstream.
+/// The connector `idem serve` reaches its upstream with: TCP, and TLS for an `https://` one.
+pub type UpstreamConnector = HttpsConnector<HttpConnector>;
+
+/// A service that forwards requests to one upstream, connecting to it with `C` (a tower
+/// `Service<Uri>` yielding connections): [`UpstreamConnector`] in `idem serve`; a simulated
+/// network in the deterministic simulation (`tests/simulation/`).
 #[derive(Debug, Clone)]
-pub struct Proxy {
-    client: Client<HttpsConnector<HttpConnector>, Body>,
+pub struct Proxy<C = UpstreamConnector> {
+    client: Client<C, Body>,
     upstream: Uri,
     timeout: Duration,
     body_read: Duration,
@@ -161,6 +166,16 @@ impl Proxy {
             .https_or_http()
             .enable_http1()
             .wrap_connector(http);
+        Ok(Proxy::with_connector(settings, connector))
+    }
+}
+
+impl<C: Connect + Clone + Send + Sync + 'static> Proxy<C> {
+    /// A proxy to `settings`' upstream that opens its connections with `connector`, which
+    /// alone decides how (and whether) TCP and TLS are used: the rest (the pool, timeouts,
+    /// the line between "never sent" and "sent, no answer") is the same as [`Proxy::new`]'s.
+    pub fn with_connector(settings: &Settings, connector: C) -> Self {
+        let timeout = settings.upstream_timeout;
         // Idle connections are retired before the upstream's keep-alive timeout would close
         // them under a request; one it closed anyway while the request waited to be written
         // is retried on a new connection by the client (`retry_canceled_requests`, on by
@@ -177,14 +192,14 @@ impl Proxy {
             .pool_max_idle_per_host(max_idle)
             .retry_canceled_requests(true)
             .build(connector);
-        Ok(Proxy {
+        Proxy {
             client,
-            upstream,
+            upstream: settings.upstream.clone(),
             timeout,
             body_read: settings.body_read_timeout,
             has_ca_file: settings.upstream_ca_file.is_some(),
             problem_base: settings.layer.problem_base.clone(),
-        })
+        }
     }
 
     fn upstream_authority(&self) -> String {
@@ -473,7 +488,7 @@ fn cause(e: &(dyn std::error::Error + 'static)) -> String {
     inner.to_string()
 }
 
-impl Service<Request<Body>> for Proxy {
+impl<C: Connect + Clone + Send + Sync + 'static> Service<Request<Body>> for Proxy<C> {
     type Response = Response<Body>;
     type Error = std::convert::Infallible;
     type Future = Pin<Box<dyn Future<Output = Result<Response<Body>, Self::Error>> + Send>>;

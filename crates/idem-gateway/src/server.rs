@@ -9,6 +9,7 @@ use std::time::Duration;
 use anyhow::{Context, Result};
 use hyper::body::Incoming;
 use hyper::server::conn::http1;
+use hyper_util::client::legacy::connect::Connect;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::server::graceful::GracefulShutdown;
 use hyper_util::service::TowerToHyperService;
@@ -20,6 +21,7 @@ use tokio::sync::Semaphore;
 use tower::{Layer, ServiceExt};
 
 use crate::config::Settings;
+use crate::listener::Listener;
 use crate::proxy::{ClientAddr, Proxy};
 
 /// Where the gateway ended up listening (useful with port 0).
@@ -52,7 +54,44 @@ pub async fn serve<St: Store + ListRecords + Clone>(
         listen: listener.local_addr()?,
         admin: admin_listener.local_addr()?,
     });
+    let listeners = Listeners {
+        proxy: listener,
+        admin: admin_listener,
+    };
+    serve_on(settings, store, metrics, proxy, listeners, shutdown).await;
+    Ok(())
+}
 
+/// The two listeners the gateway accepts connections on.
+#[derive(Debug)]
+pub struct Listeners<L, A> {
+    /// Where clients send the requests to forward.
+    pub proxy: L,
+    /// Where `/healthz`, `/metrics` and `/keys/{key}` are served.
+    pub admin: A,
+}
+
+/// [`serve`] on listeners and a proxy made elsewhere: what `serve` does once it has bound,
+/// for callers that bring their own network (the deterministic simulation in
+/// `tests/simulation/` runs the gateway on a simulated one). `settings.listen` and
+/// `settings.admin_listen` are not read.
+pub async fn serve_on<St, L, A, C>(
+    settings: Settings,
+    store: St,
+    metrics: PrometheusHandle,
+    proxy: Proxy<C>,
+    listeners: Listeners<L, A>,
+    shutdown: impl Future<Output = ()>,
+) where
+    St: Store + Clone,
+    L: Listener,
+    A: Listener,
+    C: Connect + Clone + Send + Sync + 'static,
+{
+    let Listeners {
+        proxy: listener,
+        admin: admin_listener,
+    } = listeners;
     let layer = IdempotencyLayer::new(store.clone(), settings.layer.clone());
     let service = layer.layer(proxy);
 
@@ -119,7 +158,6 @@ pub async fn serve<St: Store + ListRecords + Clone>(
     let _ = admin_stop.send(());
     let _ = admin_task.await;
     purge_task.abort();
-    Ok(())
 }
 
 /// Connections the admin listener serves at once; more wait to be accepted.
@@ -137,7 +175,7 @@ const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
 /// A failed `accept` is logged and retried after [`ACCEPT_BACKOFF`].
 async fn accept_loop<S, B>(
     name: &'static str,
-    listener: TcpListener,
+    listener: impl Listener,
     max_connections: usize,
     builder: &http1::Builder,
     graceful: &GracefulShutdown,
@@ -192,7 +230,6 @@ async fn accept_loop<S, B>(
             },
             () = &mut shutdown => break,
         };
-        let _ = stream.set_nodelay(true);
         let conn = builder.serve_connection(TokioIo::new(stream), make_service(peer));
         let conn = graceful.watch(conn);
         tokio::spawn(async move {
