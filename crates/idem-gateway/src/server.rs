@@ -83,7 +83,7 @@ pub async fn serve_on<St, L, A, C>(
     listeners: Listeners<L, A>,
     shutdown: impl Future<Output = ()>,
 ) where
-    St: Store + Clone,
+    St: Store + ListRecords + Clone,
     L: Listener,
     A: Listener,
     C: Connect + Clone + Send + Sync + 'static,

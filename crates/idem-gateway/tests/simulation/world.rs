@@ -8,7 +8,7 @@ use std::rc::Rc;
 use std::sync::Arc;
 use std::time::{Duration, UNIX_EPOCH};
 
-use idem_core::{ManualClock, MemoryStore, Store, Timestamp};
+use idem_core::{ListRecords, ManualClock, MemoryStore, Store, Timestamp};
 use idem_gateway::proxy::Proxy;
 use idem_gateway::{FileConfig, Listeners, Overrides, Settings};
 use idem_store_sqlite::{SqliteOptions, SqliteStore};
@@ -114,7 +114,7 @@ pub(crate) fn run(seed: u64, kind: StoreKind) -> Run {
     }
 }
 
-fn run_on<St: Store + Clone>(seed: u64, store: St, clock: &Arc<ManualClock>) -> Run {
+fn run_on<St: Store + ListRecords + Clone>(seed: u64, store: St, clock: &Arc<ManualClock>) -> Run {
     let mut rng = StdRng::seed_from_u64(seed);
     let shape = Shape::draw(&mut rng);
     let mut sim = turmoil::Builder::new()
@@ -314,7 +314,10 @@ const ADMIN_PORT: u16 = 9090;
 
 /// A gateway host's software: `serve_on` with simulated listeners and upstream connector.
 /// A crash drops it; a restart runs it again on the same store.
-async fn gateway<St: Store + Clone>(settings: Settings, store: St) -> turmoil::Result {
+async fn gateway<St: Store + ListRecords + Clone>(
+    settings: Settings,
+    store: St,
+) -> turmoil::Result {
     let proxy = Proxy::with_connector(&settings, SimConnector);
     let listeners = Listeners {
         proxy: SimListener(TcpListener::bind(("0.0.0.0", GATEWAY_PORT)).await?),
