@@ -48,7 +48,7 @@ fn run_seeds(first: u64, count: u64, kind: StoreKind) -> BTreeMap<String, usize>
                     (first + t..first + count)
                         .step_by(threads as usize)
                         .map(|seed| {
-                            if seed > first && (seed - first) % 1_000 == 0 {
+                            if seed > first && (seed - first).is_multiple_of(1_000) {
                                 eprintln!("{kind:?}: seed {seed} of {first}..{}", first + count);
                             }
                             (seed, run(seed, kind))
