@@ -334,6 +334,10 @@ impl FileConfig {
 /// The default of `[timeouts] header_read`.
 pub const DEFAULT_HEADER_READ: Duration = Duration::from_secs(10);
 
+/// The shortest admin token accepted: an empty or trivially short one would leave the admin
+/// listener (and the resolve form on its page) open while it looks guarded.
+pub const MIN_ADMIN_TOKEN_LEN: usize = 16;
+
 /// The default of `[timeouts] body_read`.
 pub const DEFAULT_BODY_READ: Duration = Duration::from_secs(30);
 
@@ -484,10 +488,19 @@ impl Settings {
             routes = routes.route(method, pattern, route_policy(r, &route_base, &where_)?);
         }
         let admin_token = match &file.admin.token_env {
-            Some(var) => Some(
-                std::env::var(var)
-                    .with_context(|| format!("admin.token_env names {var}, which is not set"))?,
-            ),
+            Some(var) => {
+                let token = std::env::var(var)
+                    .with_context(|| format!("admin.token_env names {var}, which is not set"))?;
+                // An empty token would match a request that sends none: the listener would be
+                // open while the operator believes it guarded.
+                if token.trim().len() < MIN_ADMIN_TOKEN_LEN {
+                    bail!(
+                        "admin.token_env names {var}, which holds {} characters; an admin token needs at least {MIN_ADMIN_TOKEN_LEN}",
+                        token.trim().len()
+                    );
+                }
+                Some(token)
+            }
             None => None,
         };
         // The same words `idem inspect --store` uses, the password hidden in them.

@@ -228,3 +228,129 @@ async fn the_page_works_in_headless_chromium() {
         .push(("content-type".into(), b"application/json".to_vec()));
     assert_eq!(settled.response, Some(want));
 }
+
+/// The value of the hidden field `name` in the first form of `html` that has one.
+fn hidden_field(html: &str, name: &str) -> String {
+    let marker = format!("name=\"{name}\" value=\"");
+    let start = html.find(&marker).map(|i| i + marker.len());
+    start
+        .and_then(|s| html[s..].find('"').map(|e| html[s..s + e].to_owned()))
+        .unwrap_or_else(|| panic!("no hidden field {name} in {html}"))
+}
+
+async fn post_form(app: &axum::Router, uri: &str, form: &[(&str, &str)]) -> (StatusCode, String) {
+    let body = form
+        .iter()
+        .map(|(k, v)| format!("{k}={}", urlencode(v)))
+        .collect::<Vec<_>>()
+        .join("&");
+    let req = Request::post(uri)
+        .header(header::AUTHORIZATION, format!("Bearer {TOKEN}"))
+        .header(header::CONTENT_TYPE, "application/x-www-form-urlencoded")
+        .header(header::HOST, "127.0.0.1:9090")
+        .body(Body::from(body))
+        .expect("request");
+    let resp = app.clone().oneshot(req).await.expect("the router answers");
+    let status = resp.status();
+    let body = resp.into_body().collect().await.expect("body").to_bytes();
+    (status, String::from_utf8_lossy(&body).into_owned())
+}
+
+fn urlencode(v: &str) -> String {
+    v.bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' => (b as char).to_string(),
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
+}
+
+/// A resolve form names the execution it was shown: once a retry has taken the key over (and
+/// left its own outcome unknown), the old form settles nothing, at the confirmation or after.
+#[tokio::test]
+async fn a_resolve_form_cannot_settle_a_later_execution() {
+    let store = populated().await;
+    let app = router(store.clone());
+    let (_, record) = get(&app, "/ui/record?key=charge-7", true).await;
+    let form_token = hidden_field(&record, "form_token");
+    let seen = hidden_field(&record, "execution");
+
+    // A retry under `retry` takes the abandoned record over, and its outcome is unknown too.
+    let takeover = store
+        .claim(ClaimRequest {
+            scope: Scope::anonymous(),
+            key: key("charge-7"),
+            fingerprint: fingerprint(1),
+            lease: Duration::from_secs(3600),
+            retention: Duration::from_secs(3600),
+            on_abandoned: idem_core::AbandonedPolicy::Retry,
+        })
+        .await
+        .expect("claim");
+    let idem_core::Claim::Acquired(lease) = takeover else {
+        panic!("{takeover:?}")
+    };
+    store
+        .extend(
+            &Scope::anonymous(),
+            &key("charge-7"),
+            lease.token,
+            Duration::ZERO,
+        )
+        .await
+        .expect("abandon the second execution");
+
+    for confirm in ["", "yes"] {
+        let (status, page) = post_form(
+            &app,
+            "/ui/resolve",
+            &[
+                ("form_token", &form_token),
+                ("scope", ""),
+                ("key", "charge-7"),
+                ("action", "release"),
+                ("execution", &seen),
+                ("confirm", confirm),
+            ],
+        )
+        .await;
+        assert_eq!(status, StatusCode::CONFLICT, "{page}");
+        assert!(page.contains("id=\"changed\""), "{page}");
+    }
+    let now = store
+        .get(&Scope::anonymous(), &key("charge-7"))
+        .await
+        .expect("get")
+        .expect("still there");
+    assert_eq!(
+        now.token, lease.token,
+        "the second execution is not settled"
+    );
+
+    // The form of the execution now shown still works.
+    let (_, record) = get(&app, "/ui/record?key=charge-7", true).await;
+    let (status, page) = post_form(
+        &app,
+        "/ui/resolve",
+        &[
+            ("form_token", &form_token),
+            ("scope", ""),
+            ("key", "charge-7"),
+            ("action", "release"),
+            ("execution", &hidden_field(&record, "execution")),
+            ("confirm", "yes"),
+        ],
+    )
+    .await;
+    assert!(
+        status.is_success() || status.is_redirection(),
+        "{status}: {page}"
+    );
+    assert!(
+        store
+            .get(&Scope::anonymous(), &key("charge-7"))
+            .await
+            .expect("get")
+            .is_none()
+    );
+}

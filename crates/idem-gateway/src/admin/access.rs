@@ -90,16 +90,17 @@ impl Access {
         let got = headers
             .get(header::AUTHORIZATION)
             .and_then(|v| v.to_str().ok())
-            .and_then(bearer)
-            .unwrap_or("");
-        same(got, want)
+            .and_then(bearer);
+        // No credentials never match, whatever the token (the configuration refuses an empty
+        // one; this holds even if that check is bypassed).
+        got.is_some_and(|got| !want.is_empty() && same(got, want))
     }
 
-    /// Whether the page may be shown: no token configured, the bearer token, or the session
-    /// cookie.
+    /// Whether the page may be shown: no token configured (and then only to a `Host` that DNS
+    /// rebinding cannot forge), the bearer token, or the session cookie.
     pub(crate) fn page_ok(&self, headers: &HeaderMap) -> bool {
         match &self.session {
-            None => true,
+            None => unforgeable_host(headers),
             Some(want) => {
                 self.bearer_ok(headers) || cookie(headers, COOKIE).is_some_and(|c| same(c, want))
             }
@@ -134,6 +135,26 @@ impl Access {
     pub(crate) fn post_ok(&self, headers: &HeaderMap, form_token: &str) -> bool {
         same(form_token, &self.form_token) && same_origin(headers)
     }
+}
+
+/// Whether the request's `Host` names this machine in a way a web page cannot arrange: an IP
+/// literal or `localhost`, with or without a port. A listener without a token is otherwise
+/// open to DNS rebinding: a site whose name resolves to 127.0.0.1 is, to the browser, the
+/// same origin as the page, and could read it and post its forms.
+fn unforgeable_host(headers: &HeaderMap) -> bool {
+    let Some(host) = headers.get(header::HOST).and_then(|h| h.to_str().ok()) else {
+        return false;
+    };
+    let name = match host.strip_prefix('[') {
+        // [v6]:port or [v6]
+        Some(rest) => {
+            return rest
+                .split_once(']')
+                .is_some_and(|(v6, _)| v6.parse::<std::net::Ipv6Addr>().is_ok());
+        }
+        None => host.rsplit_once(':').map_or(host, |(name, _)| name),
+    };
+    name.eq_ignore_ascii_case("localhost") || name.parse::<std::net::Ipv4Addr>().is_ok()
 }
 
 /// `Origin` absent (some clients omit it), or naming the `Host` the request was sent to.
@@ -187,6 +208,42 @@ mod tests {
         assert!(a.page_ok(&headers(&[(header::AUTHORIZATION, "Bearer s3cret")])));
         // Another token makes another cookie.
         assert_ne!(Access::new(Some("other".into())).session_cookie(), set);
+    }
+
+    #[test]
+    fn no_credentials_never_match_even_an_empty_token() {
+        let empty = Access::new(Some(String::new()));
+        assert!(!empty.bearer_ok(&HeaderMap::new()));
+        assert!(!empty.bearer_ok(&headers(&[(header::AUTHORIZATION, "Bearer ")])));
+        assert!(!empty.page_ok(&headers(&[(header::HOST, "127.0.0.1:9090")])));
+        let a = Access::new(Some("s3cret-admin-token".into()));
+        assert!(!a.bearer_ok(&HeaderMap::new()));
+    }
+
+    #[test]
+    fn without_a_token_the_page_answers_only_hosts_dns_rebinding_cannot_name() {
+        let open = Access::new(None);
+        for host in [
+            "127.0.0.1:9090",
+            "127.0.0.1",
+            "localhost:9090",
+            "LOCALHOST",
+            "[::1]:9090",
+            "[::1]",
+            "10.1.2.3:9090",
+        ] {
+            assert!(open.page_ok(&headers(&[(header::HOST, host)])), "{host}");
+        }
+        for host in [
+            "evil.example:9090",
+            "evil.example",
+            "localhost.evil.example:9090",
+            "127.0.0.1.nip.io:9090",
+            "[evil]:9090",
+        ] {
+            assert!(!open.page_ok(&headers(&[(header::HOST, host)])), "{host}");
+        }
+        assert!(!open.page_ok(&HeaderMap::new()), "no Host at all");
     }
 
     #[test]

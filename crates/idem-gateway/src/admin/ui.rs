@@ -12,8 +12,8 @@ use axum::extract::{Form, Query, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Redirect, Response};
 use idem_core::{
-    Key, ListRecords, RecordFilter, RecordState, Resolution, Scope, Store, StoreError,
-    StoredResponse, Timestamp, report,
+    FencingToken, Key, ListRecords, RecordFilter, RecordState, Resolution, Scope, Store,
+    StoreError, StoredResponse, Timestamp, report,
 };
 use serde::Deserialize;
 
@@ -250,12 +250,16 @@ fn parse_target(scope: &str, key: &str) -> Result<(Scope, Key), String> {
     Ok((scope, key))
 }
 
-fn resolve_forms(access: &Access, scope: &Scope, key: &Key) -> String {
+/// The forms that settle an abandoned record. They name the execution they were shown (its
+/// fencing token), so a form filled in for one abandoned execution cannot settle a later one
+/// that took the key over meanwhile.
+fn resolve_forms(access: &Access, scope: &Scope, key: &Key, execution: FencingToken) -> String {
     let target = format!(
-        "{}{}{}",
+        "{}{}{}{}",
         hidden("form_token", access.form_token()),
         hidden("scope", scope.as_str()),
-        hidden("key", key.as_str())
+        hidden("key", key.as_str()),
+        hidden("execution", &execution.to_string())
     );
     format!(
         r#"<h2>Resolve</h2>
@@ -341,7 +345,7 @@ pub(crate) async fn record_page<St: Store>(
         )
     });
     let resolve = if st == RecordState::Abandoned {
-        resolve_forms(access, &scope, &key)
+        resolve_forms(access, &scope, &key, record.token)
     } else {
         String::new()
     };
@@ -375,6 +379,9 @@ pub(crate) struct ResolveForm {
     body: String,
     #[serde(default)]
     confirm: String,
+    /// The fencing token of the execution the operator looked at.
+    #[serde(default)]
+    execution: String,
 }
 
 fn resolution(form: &ResolveForm) -> Result<Resolution, String> {
@@ -416,6 +423,7 @@ fn confirm_page(access: &Access, form: &ResolveForm, scope: &Scope, key: &Key) -
         ("action", form.action.as_str()),
         ("content_type", form.content_type.as_str()),
         ("body", form.body.as_str()),
+        ("execution", form.execution.as_str()),
         ("confirm", "yes"),
     ] {
         fields.push_str(&hidden(n, v));
@@ -467,6 +475,27 @@ pub(crate) async fn resolve<St: Store>(
         Ok(r) => r,
         Err(e) => return bad_request(access, &e),
     };
+    // Both at the confirmation and at the final step: the record must still be the execution
+    // the operator looked at. (A takeover between this read and the store's resolve is not
+    // excluded; the store settles only abandoned records either way.)
+    match state.store.get(&scope, &key).await {
+        Ok(Some(now)) if now.token.to_string() == form.execution => {}
+        Ok(Some(now)) => {
+            let body = format!(
+                r#"{}<h1>Not resolved</h1><p class="warn" id="changed">Key <code>{}</code> changed since you looked at it: another execution (attempt {}) holds it now. Look at the record again before settling it.</p><p><a href="{}">The record now</a></p>"#,
+                nav(access),
+                esc(key.as_str()),
+                now.attempts,
+                esc(&link(
+                    "/ui/record",
+                    &[("scope", scope.as_str()), ("key", key.as_str())]
+                ))
+            );
+            return page(StatusCode::CONFLICT, "Not resolved", &body);
+        }
+        Ok(None) => {}
+        Err(e) => return store_down(access, &e),
+    }
     if form.confirm != "yes" {
         return confirm_page(access, &form, &scope, &key);
     }
