@@ -125,7 +125,7 @@ async fn every_row_of_the_table_through_the_real_gateway() {
         g.admin,
         "GET",
         "/keys/k1",
-        &[("authorization", "Bearer s3cret")],
+        &[("authorization", "Bearer s3cret-admin-token")],
         "",
     )
     .await;
@@ -136,7 +136,7 @@ async fn every_row_of_the_table_through_the_real_gateway() {
         g.admin,
         "GET",
         "/metrics",
-        &[("authorization", "Bearer s3cret")],
+        &[("authorization", "Bearer s3cret-admin-token")],
         "",
     )
     .await;
@@ -152,9 +152,9 @@ async fn every_row_of_the_table_through_the_real_gateway() {
         "\nidem_completions_lost_total 0",
         r#"idem_store_errors_total{op="complete"} 0"#,
         r#"idem_requests_total{outcome="not_sent"} 0"#,
-        // The completed-record cache's counters, for the dashboards (design §13).
-        "\nidem_cache_hits_total 0",
-        "\nidem_cache_misses_total 0",
+        // The completed-record cache answered the replay and the mismatch (design §9, §13).
+        "\nidem_cache_hits_total 2",
+        "\nidem_cache_misses_total ",
         // The background purge is a metered store call like the engine's.
         r#"idem_store_call_seconds_count{op="purge"}"#,
     ] {

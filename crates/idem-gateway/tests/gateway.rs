@@ -62,7 +62,7 @@ async fn not_processed_statuses_and_refused_connections_release_the_key() {
         g.admin,
         "GET",
         "/keys/refused",
-        &[("authorization", "Bearer s3cret")],
+        &[("authorization", "Bearer s3cret-admin-token")],
         "",
     )
     .await;

@@ -406,7 +406,7 @@ async fn an_upstream_certificate_that_does_not_verify_releases_the_key() {
         g.admin,
         "GET",
         "/keys/tls-2",
-        &[("authorization", "Bearer s3cret")],
+        &[("authorization", "Bearer s3cret-admin-token")],
         "",
     )
     .await;

@@ -175,7 +175,7 @@ require_key = true
 "#;
 
 /// The admin listener's bearer token.
-pub const ADMIN_TOKEN: &str = "s3cret";
+pub const ADMIN_TOKEN: &str = "s3cret-admin-token";
 
 /// A gateway under test, in this process or in a child: where its proxy listens.
 pub trait Listens {
