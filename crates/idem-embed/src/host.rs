@@ -40,7 +40,6 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use idem_core::Engine;
-use idem_core::engine::DEFAULT_CACHE_BYTES;
 use idem_stores::{AnyStore, StoreUrl};
 
 use crate::EmbedError;
@@ -162,7 +161,10 @@ impl Host {
         let mut engines = lock(&self.engines);
         Ok(engines
             .entry(url.to_owned())
-            .or_insert_with(|| Engine::new(store).with_cache_bytes(DEFAULT_CACHE_BYTES))
+            // No completed-record cache here (design §9): an in-process replay answered from
+            // memory would not count in the record's `replays`, which `idem inspect` shows
+            // as the evidence that a framework's re-call was a replay.
+            .or_insert_with(|| Engine::new(store))
             .clone())
     }
 }
