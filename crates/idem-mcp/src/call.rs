@@ -124,9 +124,9 @@ impl<S: Store + Clone> Guard<S> {
         Guard {
             // A duplicate of a call running in another process re-reads the store this
             // often: tool calls are slower than HTTP requests, so less often than the layer.
-            engine: Engine::new(store)
-                .with_poll_interval(Duration::from_millis(100))
-                .with_cache_bytes(idem_core::engine::DEFAULT_CACHE_BYTES),
+            // No completed-record cache (design §9): a tool call's replay saves nothing worth
+            // the record's `replays` count, which `idem inspect` shows as a replay's evidence.
+            engine: Engine::new(store).with_poll_interval(Duration::from_millis(100)),
             tasks: TaskTracker::new(),
         }
     }
