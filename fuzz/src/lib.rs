@@ -45,8 +45,9 @@ pub fn key_header(data: &[u8]) {
 }
 
 /// RFC 8785 canonical JSON of arbitrary bytes, and the request fingerprint over it: the
-/// canonical form is a fixed point, and fingerprints like the text it came from (reordered
-/// members are one request).
+/// canonical form is a fixed point, is what a general JCS serializer writes for the same value
+/// (serde_json_canonicalizer), and fingerprints like the text it came from (reordered members
+/// are one request).
 pub fn fingerprint_jcs(data: &[u8]) {
     let json = Some("application/json");
     let fp = Fingerprint::http("POST", "/v1/charges", json, data);
@@ -60,6 +61,15 @@ pub fn fingerprint_jcs(data: &[u8]) {
         "canonical form of {:?} is not canonical",
         String::from_utf8_lossy(data)
     );
+    if let Ok(value) = serde_json::from_slice::<serde_json::Value>(data) {
+        let reference = serde_json_canonicalizer::to_vec(&value).unwrap_or_default();
+        assert_eq!(
+            String::from_utf8_lossy(&canonical),
+            String::from_utf8_lossy(&reference),
+            "{:?}",
+            String::from_utf8_lossy(data)
+        );
+    }
     assert_eq!(
         Fingerprint::http("POST", "/v1/charges", json, &canonical),
         fp,

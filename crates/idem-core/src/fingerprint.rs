@@ -10,6 +10,8 @@ use std::fmt;
 
 use sha2::{Digest, Sha256};
 
+use crate::jcs::EXACT_LIMIT;
+
 /// A SHA-256 fingerprint of a request.
 #[derive(Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Fingerprint([u8; 32]);
@@ -93,18 +95,16 @@ impl Fingerprint {
 
 /// RFC 8785 canonical form of a JSON value.
 pub fn canonical_json(value: &serde_json::Value) -> Vec<u8> {
-    // Serialising a `Value` cannot fail: every key is a string and every number is finite.
-    serde_json_canonicalizer::to_vec(value).unwrap_or_default()
+    crate::jcs::to_vec(value)
 }
 
 /// RFC 8785 canonical form of JSON text, or `None` when it does not parse or is not I-JSON
 /// (a duplicate member name, or a number of magnitude 2^53 or more).
 pub fn canonical_json_bytes(text: &[u8]) -> Option<Vec<u8>> {
-    let _: IJson = serde_json::from_slice(text).ok()?;
+    let value = crate::jcs::parse_i_json(text)?;
     if !numbers_survive_doubles(text) {
         return None;
     }
-    let value: serde_json::Value = serde_json::from_slice(text).ok()?;
     Some(canonical_json(&value))
 }
 
@@ -130,6 +130,9 @@ fn numbers_survive_doubles(text: &[u8]) -> bool {
                 {
                     i += 1;
                 }
+                if is_short_integer(&text[start..i]) {
+                    continue;
+                }
                 let literal = String::from_utf8_lossy(&text[start..i]);
                 let Ok(v) = literal.parse::<f64>() else {
                     return false;
@@ -142,6 +145,13 @@ fn numbers_survive_doubles(text: &[u8]) -> bool {
         }
     }
     true
+}
+
+/// An integer literal of at most 15 digits: below 2^53, so a double holds it exactly and its
+/// shortest form is its own digits (the common case, checked without allocating).
+fn is_short_integer(literal: &[u8]) -> bool {
+    let digits = literal.strip_prefix(b"-").unwrap_or(literal);
+    !digits.is_empty() && digits.len() <= 15 && digits.iter().all(u8::is_ascii_digit)
 }
 
 /// A decimal literal as (significant digits, point) with value 0.DIGITS x 10^point; zero is
@@ -162,9 +172,6 @@ fn decimal_form(literal: &str) -> (String, i64) {
     (digits, int.len() as i64 - lead as i64 + exp)
 }
 
-/// 2^53: from here on, not every integer is a distinct IEEE double.
-const EXACT_LIMIT: f64 = 9_007_199_254_740_992.0;
-
 /// Collects, in a fixed order, the numbers that JCS cannot carry exactly.
 fn unsafe_numbers(v: &serde_json::Value, out: &mut Vec<String>) {
     match v {
@@ -182,61 +189,6 @@ fn unsafe_numbers(v: &serde_json::Value, out: &mut Vec<String>) {
             }
         }
         _ => {}
-    }
-}
-
-/// Parses only to check that JSON text is I-JSON; holds nothing.
-struct IJson;
-
-impl<'de> serde::Deserialize<'de> for IJson {
-    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        d.deserialize_any(IJsonVisitor)
-    }
-}
-
-struct IJsonVisitor;
-
-impl<'de> serde::de::Visitor<'de> for IJsonVisitor {
-    type Value = IJson;
-
-    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("I-JSON")
-    }
-    fn visit_bool<E>(self, _: bool) -> Result<IJson, E> {
-        Ok(IJson)
-    }
-    fn visit_unit<E>(self) -> Result<IJson, E> {
-        Ok(IJson)
-    }
-    fn visit_str<E>(self, _: &str) -> Result<IJson, E> {
-        Ok(IJson)
-    }
-    fn visit_i64<E: serde::de::Error>(self, v: i64) -> Result<IJson, E> {
-        self.visit_f64(v as f64)
-    }
-    fn visit_u64<E: serde::de::Error>(self, v: u64) -> Result<IJson, E> {
-        self.visit_f64(v as f64)
-    }
-    fn visit_f64<E: serde::de::Error>(self, v: f64) -> Result<IJson, E> {
-        if v.abs() >= EXACT_LIMIT {
-            Err(E::custom("number beyond 2^53"))
-        } else {
-            Ok(IJson)
-        }
-    }
-    fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<IJson, A::Error> {
-        while seq.next_element::<IJson>()?.is_some() {}
-        Ok(IJson)
-    }
-    fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<IJson, A::Error> {
-        let mut seen = std::collections::HashSet::new();
-        while let Some(name) = map.next_key::<String>()? {
-            if !seen.insert(name) {
-                return Err(serde::de::Error::custom("duplicate member name"));
-            }
-            map.next_value::<IJson>()?;
-        }
-        Ok(IJson)
     }
 }
 

@@ -29,6 +29,7 @@
 pub mod clock;
 pub mod engine;
 pub mod fingerprint;
+pub mod jcs;
 pub mod key;
 pub mod machine;
 pub mod memory;
