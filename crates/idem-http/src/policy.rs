@@ -5,6 +5,7 @@
 //! on an unsafe method, is honoured; none is required (issue 3,
 //! [design §3](docs/design.md#3-what-a-request-with-a-key-gets)).
 
+use std::borrow::Cow;
 use std::fmt;
 
 use http::Method;
@@ -173,8 +174,18 @@ impl fmt::Display for PathPattern {
 }
 
 /// A path as routes see it: unreserved percent-escapes decoded (RFC 3986 §6.2.2.2), `;params`
-/// dropped from each segment, empty and `.` segments removed, `..` applied.
-pub fn normalize(path: &str) -> String {
+/// dropped from each segment, empty and `.` segments removed, `..` applied. A path that is
+/// normal already (every request a client library builds) comes back borrowed.
+pub fn normalize(path: &str) -> Cow<'_, str> {
+    if is_normal(path) {
+        Cow::Borrowed(path)
+    } else {
+        Cow::Owned(resolve_segments(path))
+    }
+}
+
+/// [`normalize`]'s general case, segment by segment.
+fn resolve_segments(path: &str) -> String {
     let mut out: Vec<String> = Vec::new();
     for raw in path.split('/') {
         let seg = raw.split(';').next().unwrap_or("");
@@ -188,6 +199,17 @@ pub fn normalize(path: &str) -> String {
         }
     }
     format!("/{}", out.join("/"))
+}
+
+/// Whether [`normalize`] would return `path` unchanged: it starts with `/`, and has no escape,
+/// no `;`, and no empty, `.` or `..` segment after the first `/`.
+fn is_normal(path: &str) -> bool {
+    let Some(rest) = path.strip_prefix('/') else {
+        return false;
+    };
+    !rest.is_empty()
+        && !path.contains(['%', ';'])
+        && rest.split('/').all(|seg| !matches!(seg, "" | "." | ".."))
 }
 
 fn decode_unreserved(seg: &str) -> String {
@@ -418,6 +440,26 @@ mod tests {
         );
         assert_eq!(normalize("/a/%7Euser/../b"), "/a/b");
         assert_eq!(normalize(""), "/");
+        // The fast path agrees with the general one.
+        for path in [
+            "/",
+            "/v1",
+            "/v1/charges",
+            "/v1/charges/",
+            "//v1",
+            "/v1//x",
+            "/./v1",
+            "/v1/.",
+            "/v1/..",
+            "/v1/.../x",
+            "/v1/.x",
+            "/a;b/c",
+            "/%61",
+            "v1",
+            "/é/ü",
+        ] {
+            assert_eq!(normalize(path), resolve_segments(path), "{path}");
+        }
     }
 
     #[test]
