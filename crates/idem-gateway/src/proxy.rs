@@ -49,20 +49,28 @@ pub struct Proxy<C = UpstreamConnector> {
 }
 
 /// Hop-by-hop headers (RFC 9110 §7.6.1), never forwarded in either direction.
-const HOP_BY_HOP: [&str; 8] = [
-    "connection",
-    "keep-alive",
-    "proxy-connection",
-    "proxy-authenticate",
-    "proxy-authorization",
-    "te",
-    "trailer",
-    "upgrade",
+const HOP_BY_HOP: [HeaderName; 8] = [
+    header::CONNECTION,
+    HeaderName::from_static("keep-alive"),
+    HeaderName::from_static("proxy-connection"),
+    header::PROXY_AUTHENTICATE,
+    header::PROXY_AUTHORIZATION,
+    header::TE,
+    header::TRAILER,
+    header::UPGRADE,
 ];
 
+const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
+const X_FORWARDED_HOST: HeaderName = HeaderName::from_static("x-forwarded-host");
+const X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
+
 /// Removes hop-by-hop headers, including those the `Connection` header names.
-/// (`transfer-encoding` is left to hyper, which frames each side itself.)
+/// (`transfer-encoding` is left to hyper, which frames each side itself.) Most messages carry
+/// none, so one pass over the names decides whether anything is to be removed at all.
 fn strip_hop_by_hop(headers: &mut HeaderMap) {
+    if !headers.keys().any(|name| HOP_BY_HOP.contains(name)) {
+        return;
+    }
     let named: Vec<HeaderName> = headers
         .get_all(header::CONNECTION)
         .iter()
@@ -302,21 +310,21 @@ impl<C: Connect + Clone + Send + Sync + 'static> Proxy<C> {
         // What a client claims about forwarding is not passed on as if the gateway said it.
         headers.remove(header::HOST);
         headers.remove(header::FORWARDED);
-        headers.remove("x-forwarded-host");
+        headers.remove(X_FORWARDED_HOST);
         if let Some(host) = original_host {
-            headers.insert("x-forwarded-host", host);
+            headers.insert(X_FORWARDED_HOST, host);
         }
         if let Some(ClientAddr(addr)) = client {
             let ip = addr.ip().to_string();
-            let value = match headers.get("x-forwarded-for").and_then(|v| v.to_str().ok()) {
+            let value = match headers.get(X_FORWARDED_FOR).and_then(|v| v.to_str().ok()) {
                 Some(prior) => format!("{prior}, {ip}"),
                 None => ip,
             };
             if let Ok(v) = HeaderValue::from_str(&value) {
-                headers.insert("x-forwarded-for", v);
+                headers.insert(X_FORWARDED_FOR, v);
             }
         }
-        headers.insert("x-forwarded-proto", HeaderValue::from_static("http"));
+        headers.insert(X_FORWARDED_PROTO, HeaderValue::from_static("http"));
         // The upstream's spans join the keyed request's trace (when traces are exported).
         idem_telemetry::inject(headers);
 
@@ -324,11 +332,9 @@ impl<C: Connect + Clone + Send + Sync + 'static> Proxy<C> {
         // arrive within `body_read`; past it the upstream sees the body fail, and the client's
         // connection, its body unread, is closed after the answer.
         let req = req.map(|body| {
-            Deadline {
-                inner: body,
-                sleep: Box::pin(tokio::time::sleep(self.body_read)),
-                late: || Box::new(BodyTimedOut),
-            }
+            Deadline::new(body, tokio::time::Instant::now() + self.body_read, || {
+                Box::new(BodyTimedOut)
+            })
             .boxed_unsync()
         });
         let deadline = tokio::time::Instant::now() + self.timeout;
@@ -338,11 +344,9 @@ impl<C: Connect + Clone + Send + Sync + 'static> Proxy<C> {
                 strip_hop_by_hop(&mut parts.headers);
                 // The timeout covers the whole exchange: a body that stalls after the headers
                 // fails at the same deadline, and the layer marks the outcome unknown.
-                let body = Deadline {
-                    inner: body,
-                    sleep: Box::pin(tokio::time::sleep_until(deadline)),
-                    late: || "the upstream's response body did not arrive in time".into(),
-                };
+                let body = Deadline::new(body, deadline, || {
+                    "the upstream's response body did not arrive in time".into()
+                });
                 Response::from_parts(parts, body.boxed_unsync())
             }
             // The client's body was too slow: the upstream saw part of it, so whether it acted
@@ -420,11 +424,25 @@ enum Unforwardable {
     Unbuildable(http::Error),
 }
 
-/// A body that fails with `late()` once `sleep` ends.
+/// A body that fails with `late()` when it is still waiting for data at `at`. The timer is
+/// armed only once the body has to wait: a body that is all there (every keyed request's,
+/// buffered by the layer, and most small answers) never touches the timer wheel.
 struct Deadline<B> {
     inner: B,
-    sleep: Pin<Box<tokio::time::Sleep>>,
+    at: tokio::time::Instant,
+    sleep: Option<Pin<Box<tokio::time::Sleep>>>,
     late: fn() -> idem_http::BoxError,
+}
+
+impl<B> Deadline<B> {
+    fn new(inner: B, at: tokio::time::Instant, late: fn() -> idem_http::BoxError) -> Self {
+        Deadline {
+            inner,
+            at,
+            sleep: None,
+            late,
+        }
+    }
 }
 
 /// The error of a client's request body that did not arrive within `body_read`.
@@ -463,10 +481,17 @@ where
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<http_body::Frame<Bytes>, Self::Error>>> {
-        if self.sleep.as_mut().poll(cx).is_ready() {
-            return Poll::Ready(Some(Err((self.late)())));
+        if let Poll::Ready(frame) = Pin::new(&mut self.inner).poll_frame(cx) {
+            return Poll::Ready(frame.map(|f| f.map_err(Into::into)));
         }
-        Pin::new(&mut self.inner).poll_frame(cx).map_err(Into::into)
+        let at = self.at;
+        let sleep = self
+            .sleep
+            .get_or_insert_with(|| Box::pin(tokio::time::sleep_until(at)));
+        match sleep.as_mut().poll(cx) {
+            Poll::Ready(()) => Poll::Ready(Some(Err((self.late)()))),
+            Poll::Pending => Poll::Pending,
+        }
     }
 
     fn is_end_stream(&self) -> bool {

@@ -44,13 +44,19 @@ impl AnyStore {
     }
 }
 
+/// Calls the backend's own method. The memory store's futures are a few words and stay
+/// inline; the others' are boxed, since an enum's future is as large as its largest variant's,
+/// and the engine's futures hold several of these: inline, a PostgreSQL or Redis call's state
+/// (kilobytes of driver futures) would be copied with every request on every backend
+/// (docs/benchmarks.md, "The forwarding path"). One allocation is nothing beside a round trip
+/// to a database.
 macro_rules! dispatch {
     ($self:ident, $s:ident => $call:expr) => {
         match $self {
             AnyStore::Memory($s) => $call.await,
-            AnyStore::Sqlite($s) => $call.await,
-            AnyStore::Postgres($s) => $call.await,
-            AnyStore::Redis($s) => $call.await,
+            AnyStore::Sqlite($s) => Box::pin($call).await,
+            AnyStore::Postgres($s) => Box::pin($call).await,
+            AnyStore::Redis($s) => Box::pin($call).await,
         }
     };
 }

@@ -100,9 +100,9 @@ impl CompletedCache {
 
     /// Remembers `record` if it is completed and not about to expire; anything else is
     /// ignored, since only a completed record is immutable.
-    pub fn insert(&self, record: &Record) {
-        if self.keeps(record) {
-            self.insert_shared(&Arc::new(record.clone()));
+    pub fn insert(&self, record: Record) {
+        if self.keeps(&record) {
+            self.insert_shared(&Arc::new(record));
         }
     }
 
@@ -213,7 +213,7 @@ mod tests {
         let clock = ManualClock::new(Timestamp::from_millis(1_000_000));
         let cache = CompletedCache::with_clock(1 << 20, clock.clone());
         let rec = completed("k1", 10, clock.now(), Duration::from_secs(60));
-        cache.insert(&rec);
+        cache.insert(rec.clone());
         let got = cache.get(&rec.scope, &rec.key).expect("cached");
         assert_eq!(*got, rec);
 
@@ -232,11 +232,11 @@ mod tests {
         in_flight.completed_at = None;
         in_flight.response = None;
         in_flight.expires_at = Timestamp::NEVER;
-        cache.insert(&in_flight);
+        cache.insert(in_flight.clone());
         assert!(cache.get(&in_flight.scope, &in_flight.key).is_none());
 
         let expired = completed("k2", 10, clock.now(), Duration::from_millis(500));
-        cache.insert(&expired);
+        cache.insert(expired.clone());
         assert!(cache.get(&expired.scope, &expired.key).is_none());
         assert!(cache.is_empty());
     }
@@ -246,7 +246,7 @@ mod tests {
         let clock = ManualClock::new(Timestamp::from_millis(1_000_000));
         let cache = CompletedCache::with_clock(64 * 1024, clock.clone());
         for i in 0..200 {
-            cache.insert(&completed(
+            cache.insert(completed(
                 &format!("k{i}"),
                 4096,
                 clock.now(),
@@ -261,7 +261,7 @@ mod tests {
         );
 
         let huge = completed("huge", 128 * 1024, clock.now(), Duration::from_secs(60));
-        cache.insert(&huge);
+        cache.insert(huge.clone());
         assert!(cache.get(&huge.scope, &huge.key).is_none());
     }
 
@@ -270,7 +270,7 @@ mod tests {
         let clock = ManualClock::new(Timestamp::from_millis(1_000_000));
         let cache = CompletedCache::with_clock(1 << 20, clock.clone());
         let rec = completed("k1", 10, clock.now(), Duration::from_secs(60));
-        cache.insert(&rec);
+        cache.insert(rec.clone());
         let other = Scope::new("other-tenant").expect("scope");
         assert!(cache.get(&other, &rec.key).is_none());
     }

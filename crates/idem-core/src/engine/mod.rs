@@ -289,11 +289,11 @@ impl<S: Store> Engine<S> {
         fingerprint: Fingerprint,
         policy: &Policy,
     ) -> Result<Result<Lease, Answer<T>>, StoreError> {
-        let wait = policy.wait.filter(|w| !w.is_zero());
-        let deadline = wait.map(|w| Instant::now() + w);
         if let Some(known) = self.cached(scope, key, fingerprint) {
             return Ok(Err(known));
         }
+        let wait = policy.wait.filter(|w| !w.is_zero());
+        let deadline = wait.map(|w| Instant::now() + w);
         loop {
             // Listen before claiming, so a finish between the claim and the wait is not missed.
             let local = wait.and_then(|_| self.waiters.get(scope, key));
@@ -478,7 +478,7 @@ impl<S: Store> Engine<S> {
                     .await
                     .map(|record| {
                         if let Some(cache) = &self.completed {
-                            cache.insert(&record);
+                            cache.insert(record);
                         }
                         Kept::Stored
                     }),
