@@ -3,65 +3,14 @@
 //!
 //! Run: `cargo bench -p idem-http --bench layer`
 
+mod common;
+
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use axum::Router;
-use axum::body::Body;
-use axum::routing::post;
+use common::{call, router};
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
-use http::Request;
-use http_body_util::BodyExt;
-use idem_core::MemoryStore;
-use idem_http::{Config, IdempotencyLayer, PathPattern, RoutePolicy, Routes};
-use tower::ServiceExt;
-
-const BODY: &str = r#"{"customer_id":"cus_8g2k","amount_cents":4900}"#;
-
-async fn handler(body: String) -> (http::StatusCode, [(&'static str, &'static str); 1], String) {
-    (
-        http::StatusCode::CREATED,
-        [("content-type", "application/json")],
-        format!(r#"{{"charge_id":"ch_1","len":{}}}"#, body.len()),
-    )
-}
-
-fn router(with_layer: bool) -> Router {
-    let r = Router::new().route("/v1/charges", post(handler));
-    if !with_layer {
-        return r;
-    }
-    let routes = Routes::default().route(
-        Some(http::Method::POST),
-        PathPattern::new("/v1/charges").unwrap_or_else(|e| panic!("{e}")),
-        RoutePolicy::requiring_key(),
-    );
-    r.layer(IdempotencyLayer::new(
-        MemoryStore::new(),
-        Config {
-            routes,
-            // The benchmark's requests carry no credentials.
-            anonymous: idem_http::Anonymous::Allow,
-            ..Config::default()
-        },
-    ))
-}
 
 static NEXT: AtomicU64 = AtomicU64::new(0);
-
-async fn call(app: &Router, key: Option<String>) {
-    let mut req = Request::post("/v1/charges").header("content-type", "application/json");
-    if let Some(k) = key {
-        req = req.header("idempotency-key", k);
-    }
-    let req = req.body(Body::from(BODY)).unwrap_or_else(|e| panic!("{e}"));
-    let resp = app
-        .clone()
-        .oneshot(req)
-        .await
-        .unwrap_or_else(|e| match e {});
-    assert!(resp.status().is_success());
-    let _ = resp.into_body().collect().await;
-}
 
 fn layer(c: &mut Criterion) {
     let rt = tokio::runtime::Builder::new_multi_thread()
@@ -71,8 +20,8 @@ fn layer(c: &mut Criterion) {
         .unwrap_or_else(|e| panic!("{e}"));
     let mut group = c.benchmark_group("layer");
     group.throughput(Throughput::Elements(1));
-    let plain = router(false);
-    let layered = router(true);
+    let plain = router(None);
+    let layered = router(Some(idem_http::DEFAULT_CACHE_BYTES));
     rt.block_on(call(&layered, Some("replay".into())));
     group.bench_function("handler_without_layer", |b| {
         b.to_async(&rt).iter(|| call(&plain, None));
