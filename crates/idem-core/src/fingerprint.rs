@@ -389,6 +389,49 @@ mod tests {
         assert_eq!(decimal_form("1.5e-7"), ("15".into(), -6));
     }
 
+    /// Records outlive releases: a retry after an upgrade must fingerprint as the first
+    /// attempt did, or it would be refused as `key-reused`. These digests were computed by
+    /// the release before canonical JSON got its own writer (`ca83d8a`).
+    #[test]
+    fn fingerprints_are_stable_across_versions() {
+        let bodies: [&[u8]; 10] = [
+            br#"{"customer_id":"cus_8g2k","amount_cents":4900}"#,
+            br#"{ "amount_cents" : 4900, "customer_id":"cus_8g2k" }"#,
+            br#"{"a":[1,2.5,-0,1e3,"\u00e9\n",null,true,false],"b":{"\ud83d\ude00":1,"\ufb33":2},"c":0.1}"#,
+            br#"{"amount":10.10,"x":2e-3}"#,
+            br#"{"amount":1.00000000000000001}"#,
+            br#"{"id":9007199254740993}"#,
+            br#"{"a":1,"a":2}"#,
+            br#"[]"#,
+            br#""just a string""#,
+            b"not json",
+        ];
+        let expected = [
+            "35180435b64729b32b5266dbc55752e2fc51a73e8fd61d4802b512fe3cc39658",
+            "35180435b64729b32b5266dbc55752e2fc51a73e8fd61d4802b512fe3cc39658",
+            "ce7689db2b1250d7dd7e510ba1b4e296905ceddab7a4ec438f07467947b48762",
+            "ddc66f93bb4923286d93e607216fd3619f981315e060a9d02e8039d7962b3989",
+            "0dd6ac2b6c9241688ff3e225581c648636cc3b86504d5d46d631a7b25832f728",
+            "dd50dc49c6f2d95af502cfdb3c42f612fb2735306efb929dfb2b3defe4560f81",
+            "5ee4ff0e42c9e652d26bc62b1d5ae6ea22407c4056cfc4176d4ebd9802ae689e",
+            "29aa562eebf5b3a8e84bcee1db2888977c0c1eba48311e3fe5e955b84a26454f",
+            "95965d3af2101f32a496c09ad6a6052261509865721a4dbafdfe15ced96164d1",
+            "50b0a4f833f575d36a1700df75673e021244ab27e5a9614ff1913e894c23bcbc",
+        ];
+        for (body, want) in bodies.iter().zip(expected) {
+            let got = Fingerprint::http("POST", "/v1/charges?x=1", Some("application/json"), body);
+            assert_eq!(got.to_string(), want, "{}", String::from_utf8_lossy(body));
+        }
+        let call = Fingerprint::json_call(
+            "charge_card",
+            &json!({"b": [1, 2.5], "a": {"z": null, "y": "\u{1f600}"}, "n": 1_850_026_147_163_422_721_u64}),
+        );
+        assert_eq!(
+            call.to_string(),
+            "403f35adce3e26c9e109eec5787762af5ad7307118756454f26feb21212f8491"
+        );
+    }
+
     #[test]
     fn json_calls_fingerprint_name_and_canonical_args() {
         let a = Fingerprint::json_call("charge_card", &json!({"b": 1, "a": [1, 2]}));
