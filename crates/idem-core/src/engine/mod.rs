@@ -461,27 +461,28 @@ impl<S: Store> Engine<S> {
         response: &StoredResponse,
     ) -> Kept {
         let release = policy.release_statuses.contains(&response.status);
-        let stored = (!release).then(|| bounded(response, policy.max_stored_body));
         let deadline = Instant::now() + policy.lease / 2;
         let mut pause = Duration::from_millis(10);
         let mut retried = false;
         loop {
-            let written = match &stored {
-                None => self
-                    .store
+            // The stored form is made afresh for each attempt (a retry is rare): the first
+            // attempt then costs one copy of the response, not two.
+            let written = if release {
+                self.store
                     .release(scope, key, token)
                     .await
-                    .map(|()| Kept::Released),
-                Some(stored) => self
-                    .store
-                    .complete(scope, key, token, stored.clone())
+                    .map(|()| Kept::Released)
+            } else {
+                let stored = bounded(response, policy.max_stored_body);
+                self.store
+                    .complete(scope, key, token, stored)
                     .await
                     .map(|record| {
                         if let Some(cache) = &self.completed {
                             cache.insert(record);
                         }
                         Kept::Stored
-                    }),
+                    })
             };
             let e = match written {
                 Ok(kept) => return kept,
