@@ -1,0 +1,88 @@
+#!/usr/bin/env bash
+# Instructions per request inside `idem serve` (all its threads, user space), under callgrind:
+# counts that stay the same run after run on a busy machine, unlike requests per second.
+# Memory store, an nginx upstream answering 201 (as in bench/gateway.sh), new keys and replays.
+# After a warm-up the counters are zeroed, wrk -t1 -c8 runs DURATION seconds, the counters are
+# dumped, and their total is divided by the requests wrk completed. Needs valgrind, wrk and
+# nginx (Debian: apt-get install valgrind wrk nginx). Loopback only.
+#
+#   bash bench/gateway_instructions.sh [DURATION_SECONDS=10]
+#   IDEM_BIN=/path/to/idem bash bench/gateway_instructions.sh    # another build's binary
+#   KEEP=1 ...    # keep the callgrind files (printed) for callgrind_annotate --inclusive=yes
+set -euo pipefail
+cd "$(dirname "$0")/.."
+DURATION=${1:-10}
+WORK=$(mktemp -d)
+cleanup() {
+  kill $(jobs -p) 2>/dev/null || true
+  nginx -p "$WORK" -c nginx.conf -s stop 2>/dev/null || true
+  [ -n "${KEEP:-}" ] || rm -rf "$WORK"
+}
+trap cleanup EXIT
+
+if [ -n "${IDEM_BIN:-}" ]; then
+  IDEM=$IDEM_BIN
+else
+  cargo build --release -q -p idem-cli
+  IDEM=${CARGO_TARGET_DIR:-target}/release/idem
+fi
+
+mkdir -p "$WORK/logs"
+cat > "$WORK/nginx.conf" <<NGINX
+worker_processes 1;
+pid $WORK/nginx.pid;
+error_log $WORK/logs/error.log warn;
+events { worker_connections 1024; }
+http {
+  access_log off;
+  client_body_temp_path $WORK/body;
+  server {
+    listen 127.0.0.1:18101;
+    location / { default_type application/json; return 201 '{"charge_id":"ch_1","amount_cents":4900}'; }
+  }
+}
+NGINX
+nginx -p "$WORK" -c nginx.conf
+printf 'anonymous = "allow"\n[[routes]]\nmethod = "POST"\npath = "/v1/charges"\nrequire_key = true\n' > "$WORK/idem.toml"
+BODY='{"customer_id":"cus_8g2k","amount_cents":4900}'
+cat > "$WORK/new.lua" <<LUA
+local counter = 0
+local run = tostring(os.time()) .. "-" .. tostring(math.random(1000000))
+request = function()
+  counter = counter + 1
+  return wrk.format("POST", "/v1/charges",
+    {["Idempotency-Key"] = run .. "-" .. counter, ["Content-Type"] = "application/json"}, '$BODY')
+end
+LUA
+cat > "$WORK/same.lua" <<LUA
+wrk.method = "POST"
+wrk.body = '$BODY'
+wrk.headers["Content-Type"] = "application/json"
+wrk.headers["Idempotency-Key"] = "bench-replay"
+LUA
+
+measure() { # label script
+  local out="$WORK/callgrind.$2"
+  IDEM_LOG=error valgrind --tool=callgrind --callgrind-out-file="$out" "$IDEM" serve \
+    --listen 127.0.0.1:18103 --admin-listen 127.0.0.1:18113 --upstream http://127.0.0.1:18101 \
+    --store memory: --config "$WORK/idem.toml" >/dev/null 2>"$out.log" &
+  local pid=$!
+  for _ in $(seq 1 120); do curl -s -o /dev/null http://127.0.0.1:18113/healthz && break; sleep 0.5; done
+  curl -s -o /dev/null -X POST http://127.0.0.1:18103/v1/charges -H 'Idempotency-Key: bench-replay' \
+    -H 'Content-Type: application/json' -d "$BODY"
+  wrk -t1 -c8 -d4s -s "$WORK/$2" http://127.0.0.1:18103/v1/charges >/dev/null
+  callgrind_control -z "$pid" >/dev/null 2>&1
+  local n
+  n=$(wrk -t1 -c8 -d"${DURATION}s" -s "$WORK/$2" http://127.0.0.1:18103/v1/charges | awk '/requests in/ {print $1}')
+  callgrind_control -d "$pid" >/dev/null 2>&1
+  kill "$pid"; wait "$pid" 2>/dev/null || true
+  local total
+  total=$(callgrind_annotate "$out.1" 2>/dev/null | awk '/PROGRAM TOTALS/ {gsub(",", "", $1); print $1}')
+  printf '| %s | %s | %s |\n' "$1" "$n" "$((total / n))"
+  [ -z "${KEEP:-}" ] || echo "  (profile: $out.1)"
+}
+
+echo "| idem serve, memory store | requests counted | instructions per request |"
+echo "|---|---:|---:|"
+measure "new keys" new.lua
+measure "replays" same.lua
