@@ -26,69 +26,18 @@ cleanup() {
 }
 trap cleanup EXIT
 
-# IDEM_BIN: measure another build (a before/after comparison) instead of this tree's.
-if [ -n "${IDEM_BIN:-}" ]; then
-  IDEM=$IDEM_BIN
-else
-  cargo build --release -q -p idem-cli
-  IDEM=${CARGO_TARGET_DIR:-target}/release/idem
-fi
+# shellcheck source=bench/common.sh
+. bench/common.sh
+idem_binary
+start_nginx "$WORK" 18001 18002
 
-mkdir -p "$WORK/logs"
-cat > "$WORK/nginx.conf" <<NGINX
-worker_processes 1;
-pid $WORK/nginx.pid;
-error_log $WORK/logs/error.log warn;
-events { worker_connections 4096; }
-http {
-  access_log off;
-  client_body_temp_path $WORK/body;
-  proxy_temp_path $WORK/proxy;
-  upstream app { server 127.0.0.1:18001; keepalive 128; }
-  server {
-    listen 127.0.0.1:18001;
-    location / { default_type application/json; return 201 '{"charge_id":"ch_1","amount_cents":4900}'; }
-  }
-  server {
-    listen 127.0.0.1:18002;
-    location / { proxy_pass http://app; proxy_http_version 1.1; proxy_set_header Connection ""; }
-  }
-}
-NGINX
-nginx -p "$WORK" -c nginx.conf
-
-cat > "$WORK/idem.toml" <<TOML
-anonymous = "allow"   # wrk sends no credentials
-[[routes]]
-method = "POST"
-path = "/v1/charges"
-require_key = true
-TOML
+write_load "$WORK"
 IDEM_LOG=error $IDEM serve --listen 127.0.0.1:18003 --admin-listen 127.0.0.1:18013 --upstream http://127.0.0.1:18001 --store memory: --config "$WORK/idem.toml" >/dev/null &
 IDEM_LOG=error $IDEM serve --listen 127.0.0.1:18004 --admin-listen 127.0.0.1:18014 --upstream http://127.0.0.1:18001 --store "sqlite:$WORK/idem.db" --config "$WORK/idem.toml" >/dev/null &
 IDEM_LOG=error $IDEM serve --listen 127.0.0.1:18005 --admin-listen 127.0.0.1:18015 --upstream http://127.0.0.1:18001 --store "$PG?schema=idem_bench_gw" --config "$WORK/idem.toml" >/dev/null &
 IDEM_LOG=error $IDEM serve --listen 127.0.0.1:18006 --admin-listen 127.0.0.1:18016 --upstream http://127.0.0.1:18001 --store "redis://127.0.0.1:6379/?prefix=idem-bench-gw&durability=volatile" --config "$WORK/idem.toml" >/dev/null &
 sleep 2
 
-BODY='{"customer_id":"cus_8g2k","amount_cents":4900}'
-cat > "$WORK/new.lua" <<LUA
-local n = 0
-function setup(thread) n = n + 1; thread:set("tid", n) end
-local counter = 0
-local run = tostring(os.time())
-request = function()
-  counter = counter + 1
-  return wrk.format("POST", "/v1/charges",
-    {["Idempotency-Key"] = run .. "-" .. tid .. "-" .. counter, ["Content-Type"] = "application/json"},
-    '$BODY')
-end
-LUA
-cat > "$WORK/same.lua" <<LUA
-wrk.method = "POST"
-wrk.body = '$BODY'
-wrk.headers["Content-Type"] = "application/json"
-wrk.headers["Idempotency-Key"] = "bench-replay"
-LUA
 for port in 18003 18004 18005 18006; do
   curl -s -o /dev/null -X POST "http://127.0.0.1:$port/v1/charges" -H 'Idempotency-Key: bench-replay' -H 'Content-Type: application/json' -d "$BODY"
 done

@@ -20,46 +20,11 @@ cleanup() {
 }
 trap cleanup EXIT
 
-if [ -n "${IDEM_BIN:-}" ]; then
-  IDEM=$IDEM_BIN
-else
-  cargo build --release -q -p idem-cli
-  IDEM=${CARGO_TARGET_DIR:-target}/release/idem
-fi
-
-mkdir -p "$WORK/logs"
-cat > "$WORK/nginx.conf" <<NGINX
-worker_processes 1;
-pid $WORK/nginx.pid;
-error_log $WORK/logs/error.log warn;
-events { worker_connections 1024; }
-http {
-  access_log off;
-  client_body_temp_path $WORK/body;
-  server {
-    listen 127.0.0.1:18101;
-    location / { default_type application/json; return 201 '{"charge_id":"ch_1","amount_cents":4900}'; }
-  }
-}
-NGINX
-nginx -p "$WORK" -c nginx.conf
-printf 'anonymous = "allow"\n[[routes]]\nmethod = "POST"\npath = "/v1/charges"\nrequire_key = true\n' > "$WORK/idem.toml"
-BODY='{"customer_id":"cus_8g2k","amount_cents":4900}'
-cat > "$WORK/new.lua" <<LUA
-local counter = 0
-local run = tostring(os.time()) .. "-" .. tostring(math.random(1000000))
-request = function()
-  counter = counter + 1
-  return wrk.format("POST", "/v1/charges",
-    {["Idempotency-Key"] = run .. "-" .. counter, ["Content-Type"] = "application/json"}, '$BODY')
-end
-LUA
-cat > "$WORK/same.lua" <<LUA
-wrk.method = "POST"
-wrk.body = '$BODY'
-wrk.headers["Content-Type"] = "application/json"
-wrk.headers["Idempotency-Key"] = "bench-replay"
-LUA
+# shellcheck source=bench/common.sh
+. bench/common.sh
+idem_binary
+start_nginx "$WORK" 18101 18102
+write_load "$WORK"
 
 measure() { # label script
   local out="$WORK/callgrind.$2"
