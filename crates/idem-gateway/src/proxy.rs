@@ -424,9 +424,10 @@ enum Unforwardable {
     Unbuildable(http::Error),
 }
 
-/// A body that fails with `late()` when it is still waiting for data at `at`. The timer is
-/// armed only once the body has to wait: a body that is all there (every keyed request's,
-/// buffered by the layer, and most small answers) never touches the timer wheel.
+/// A body that fails with `late()` once `at` has passed, whether it is waiting for data then or
+/// has more ready. The timer is armed only once the body has to wait: a body that is all there
+/// (every keyed request's, buffered by the layer, and most small answers) never touches the
+/// timer wheel.
 struct Deadline<B> {
     inner: B,
     at: tokio::time::Instant,
@@ -482,6 +483,11 @@ where
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<http_body::Frame<Bytes>, Self::Error>>> {
         if let Poll::Ready(frame) = Pin::new(&mut self.inner).poll_frame(cx) {
+            // A body that always has data ready is held to the deadline too: a clock read,
+            // not the timer wheel.
+            if tokio::time::Instant::now() >= self.at {
+                return Poll::Ready(Some(Err((self.late)())));
+            }
             return Poll::Ready(frame.map(|f| f.map_err(Into::into)));
         }
         let at = self.at;
@@ -531,6 +537,46 @@ impl<C: Connect + Clone + Send + Sync + 'static> Service<Request<Body>> for Prox
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A body with another frame always ready, or never one.
+    struct Endless(bool);
+
+    impl http_body::Body for Endless {
+        type Data = Bytes;
+        type Error = std::convert::Infallible;
+
+        fn poll_frame(
+            self: Pin<&mut Self>,
+            _cx: &mut Context<'_>,
+        ) -> Poll<Option<Result<http_body::Frame<Bytes>, Self::Error>>> {
+            if self.0 {
+                Poll::Ready(Some(Ok(http_body::Frame::data(Bytes::from_static(b"x")))))
+            } else {
+                Poll::Pending
+            }
+        }
+    }
+
+    #[tokio::test]
+    async fn a_body_deadline_holds_whether_data_is_ready_or_not() {
+        let now = tokio::time::Instant::now();
+        let late = || -> idem_http::BoxError { "late".into() };
+        let Some(past) = now.checked_sub(Duration::from_millis(1)) else {
+            return;
+        };
+        // Data is ready on every poll: still cut off once the deadline has passed.
+        let mut flood = Deadline::new(Endless(true), past, late);
+        assert!(matches!(flood.frame().await, Some(Err(_))));
+        // Waiting for data past the deadline.
+        let mut stalled = Deadline::new(Endless(false), now + Duration::from_millis(20), late);
+        assert!(matches!(stalled.frame().await, Some(Err(_))));
+        // Before the deadline, frames pass, and no timer is armed while they are ready.
+        let mut early = Deadline::new(Endless(true), now + Duration::from_secs(60), late);
+        for _ in 0..3 {
+            assert!(matches!(early.frame().await, Some(Ok(_))));
+        }
+        assert!(early.sleep.is_none());
+    }
 
     #[test]
     fn the_private_ca_hint_is_only_for_an_unknown_issuer_without_a_ca_file() {
