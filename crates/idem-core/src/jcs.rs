@@ -74,37 +74,11 @@ fn write_number(n: &Number, out: &mut Vec<u8>) {
 }
 
 /// JSON's minimal escaping, which is JCS's (RFC 8785 §3.2.2.2): `"`, `\` and the control
-/// characters, with the short forms where JSON has them and lowercase `\u00xx` otherwise.
+/// characters, with the short forms where JSON has them and lowercase `\u00xx` otherwise;
+/// serde_json's own string writer does exactly that.
 fn write_string(s: &str, out: &mut Vec<u8>) {
-    const HEX: &[u8; 16] = b"0123456789abcdef";
-    out.push(b'"');
-    let bytes = s.as_bytes();
-    let mut plain = 0;
-    for (i, &b) in bytes.iter().enumerate() {
-        let escape: &[u8] = match b {
-            b'"' => b"\\\"",
-            b'\\' => b"\\\\",
-            b'\x08' => b"\\b",
-            b'\x0c' => b"\\f",
-            b'\n' => b"\\n",
-            b'\r' => b"\\r",
-            b'\t' => b"\\t",
-            0..=0x1f => &[
-                b'\\',
-                b'u',
-                b'0',
-                b'0',
-                HEX[usize::from(b >> 4)],
-                HEX[usize::from(b & 0xf)],
-            ],
-            _ => continue,
-        };
-        out.extend_from_slice(&bytes[plain..i]);
-        out.extend_from_slice(escape);
-        plain = i + 1;
-    }
-    out.extend_from_slice(&bytes[plain..]);
-    out.push(b'"');
+    // Writing a string into a Vec cannot fail.
+    let _ = serde_json::to_writer(&mut *out, s);
 }
 
 /// JSON text as a value, if it is I-JSON: it parses, no object repeats a member name, and no

@@ -48,7 +48,7 @@ impl AnyStore {
 /// inline; the others' are boxed, since an enum's future is as large as its largest variant's,
 /// and the engine's futures hold several of these: inline, a PostgreSQL or Redis call's state
 /// (kilobytes of driver futures) would be copied with every request on every backend
-/// (docs/benchmarks.md, "The forwarding path"). One allocation is nothing beside a round trip
+/// (docs/benchmarks.md, "Issue 16, second pass"). One allocation is nothing beside a round trip
 /// to a database.
 macro_rules! dispatch {
     ($self:ident, $s:ident => $call:expr) => {
