@@ -3,6 +3,7 @@
 //!
 //! ```toml
 //! listen = "127.0.0.1:8080"
+//! threads = 4                       # runtimes serving connections (default: the CPUs idem may use)
 //! upstream = "http://127.0.0.1:3000"  # or the [upstream] table below
 //! store = "sqlite:idem.db"
 //! scope_headers = ["authorization", "proxy-authorization", "cookie", "x-api-key", "api-key", "x-auth-token"]
@@ -62,6 +63,9 @@ use serde::Deserialize;
 pub struct FileConfig {
     /// Address to serve on.
     pub listen: Option<SocketAddr>,
+    /// Threads serving client connections, each with a runtime and an upstream pool of its
+    /// own.
+    pub threads: Option<usize>,
     /// The service behind the gateway: `upstream = "URL"`, or an `[upstream]` table.
     #[serde(default, deserialize_with = "UpstreamFile::deserialize_either")]
     pub upstream: Option<UpstreamFile>,
@@ -242,6 +246,10 @@ pub struct Overrides {
 pub struct Settings {
     /// Address to serve on.
     pub listen: SocketAddr,
+    /// Threads serving client connections (at least 1). Each runs a single-threaded runtime
+    /// with its own upstream pool, so a request is served start to end on one thread; the
+    /// store and the completed-record cache are shared.
+    pub threads: usize,
     /// Base URI of the upstream (`http://host:port` or `https://host[:port]`, optionally
     /// with a path prefix).
     pub upstream: Uri,
@@ -341,6 +349,12 @@ pub const MIN_ADMIN_TOKEN_LEN: usize = 16;
 /// The default of `[timeouts] body_read`.
 pub const DEFAULT_BODY_READ: Duration = Duration::from_secs(30);
 
+/// The default of `threads`: the CPUs this process may run on (its affinity mask and cgroup
+/// quota, as the standard library reads them), or 1 if that cannot be read.
+pub fn default_threads() -> usize {
+    std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get)
+}
+
 /// The most `[limits] max_connections` defaults to.
 pub const MAX_DEFAULT_CONNECTIONS: usize = 10_000;
 
@@ -432,6 +446,11 @@ impl Settings {
         if body_read_timeout.is_zero() {
             bail!("timeouts.body_read must be more than 0s (default {DEFAULT_BODY_READ:?})");
         }
+        let threads = match file.threads {
+            Some(0) => bail!("threads must be at least 1"),
+            Some(n) => n,
+            None => default_threads(),
+        };
         let max_connections = match file.limits.max_connections {
             Some(0) => bail!("limits.max_connections must be at least 1"),
             Some(n) => n,
@@ -516,6 +535,7 @@ impl Settings {
                 .listen
                 .or(file.listen)
                 .unwrap_or(([127, 0, 0, 1], 8080).into()),
+            threads,
             upstream,
             upstream_ca_file,
             pool_idle_timeout,
@@ -599,6 +619,19 @@ mod tests {
         assert_eq!(s.body_read_timeout, DEFAULT_BODY_READ);
         assert_eq!(s.layer.body_read, Some(DEFAULT_BODY_READ));
         assert_eq!(s.max_connections, default_max_connections());
+        assert_eq!(s.threads, default_threads());
+        assert!(s.threads >= 1);
+    }
+
+    #[test]
+    fn threads_are_read_and_checked() {
+        let s = parse("threads = 3\nupstream = \"http://x:1\"").unwrap_or_else(|e| panic!("{e:#}"));
+        assert_eq!(s.threads, 3);
+        let e = parse("threads = 0\nupstream = \"http://x:1\"")
+            .err()
+            .map(|e| format!("{e:#}"))
+            .unwrap_or_default();
+        assert!(e.contains("threads must be at least 1"), "{e}");
     }
 
     #[test]

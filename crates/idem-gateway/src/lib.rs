@@ -11,12 +11,15 @@
 //! - [`admin`]: `/healthz`, `/metrics`, `/keys/{key}`, and the admin page under `/ui`.
 //! - [`server`]: listeners, background purge, graceful shutdown.
 //! - [`listener`]: where connections come from (TCP, or a simulated network).
+//! - `threads`: the threads that serve the connections, each with its own runtime and
+//!   upstream pool.
 
 pub mod admin;
 pub mod config;
 pub mod listener;
 pub mod proxy;
 pub mod server;
+mod threads;
 
 pub use config::{FileConfig, Overrides, Settings};
 pub use listener::Listener;

@@ -17,12 +17,13 @@ use idem_core::{ListRecords, Store};
 use idem_http::IdempotencyLayer;
 use metrics_exporter_prometheus::PrometheusHandle;
 use tokio::net::TcpListener;
-use tokio::sync::Semaphore;
-use tower::{Layer, ServiceExt};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tower::Layer;
 
 use crate::config::Settings;
 use crate::listener::Listener;
 use crate::proxy::{ClientAddr, Proxy};
+use crate::threads::Threads;
 
 /// Where the gateway ended up listening (useful with port 0).
 #[derive(Debug, Clone, Copy)]
@@ -35,6 +36,9 @@ pub struct Bound {
 
 /// Binds both listeners, reports where through `on_bound`, and serves until `shutdown`
 /// resolves; then stops accepting and gives in-flight requests `shutdown_timeout` to finish.
+///
+/// Connections are served on `settings.threads` threads of their own (`src/threads.rs`);
+/// the caller's runtime accepts them, serves the admin listener, and runs the purge.
 pub async fn serve<St: Store + ListRecords + Clone>(
     settings: Settings,
     store: St,
@@ -42,23 +46,42 @@ pub async fn serve<St: Store + ListRecords + Clone>(
     on_bound: impl FnOnce(Bound),
     shutdown: impl Future<Output = ()>,
 ) -> Result<()> {
-    // Before binding: an https:// upstream without CAs to trust is refused at startup.
-    let proxy = Proxy::new(&settings)?;
+    // Before binding: an https:// upstream without CAs to trust is refused at startup. One
+    // proxy, so one upstream pool, per serving thread.
+    let proxies = (0..settings.threads.max(1))
+        .map(|_| Proxy::new(&settings))
+        .collect::<Result<Vec<_>>>()?;
     let listener = TcpListener::bind(settings.listen)
         .await
         .with_context(|| format!("cannot listen on {}", settings.listen))?;
     let admin_listener = TcpListener::bind(settings.admin_listen)
         .await
         .with_context(|| format!("cannot listen on {} (admin)", settings.admin_listen))?;
+    let builder = connection_builder(&settings);
+    let layer = IdempotencyLayer::new(store.clone(), settings.layer.clone());
+    let services = proxies
+        .into_iter()
+        .map(|proxy| proxied(layer.layer(proxy)))
+        .collect();
+    let mut threads = Threads::start(services, &builder, settings.shutdown_timeout)?;
     on_bound(Bound {
         listen: listener.local_addr()?,
         admin: admin_listener.local_addr()?,
     });
-    let listeners = Listeners {
-        proxy: listener,
-        admin: admin_listener,
-    };
-    serve_on(settings, store, metrics, proxy, listeners, shutdown).await;
+    let background = Background::start(&settings, store, metrics, admin_listener, &builder);
+    accept_loop(
+        "proxy",
+        listener,
+        settings.max_connections,
+        |stream, peer, slot| threads.dispatch(stream, peer, slot),
+        shutdown,
+    )
+    .await;
+    tracing::info!("shutting down: no new connections; waiting for in-flight requests");
+    if !threads.drain().await {
+        warn_undrained(settings.shutdown_timeout);
+    }
+    background.stop().await;
     Ok(())
 }
 
@@ -71,10 +94,11 @@ pub struct Listeners<L, A> {
     pub admin: A,
 }
 
-/// [`serve`] on listeners and a proxy made elsewhere: what `serve` does once it has bound,
-/// for callers that bring their own network (the deterministic simulation in
-/// `tests/simulation/` runs the gateway on a simulated one). `settings.listen` and
-/// `settings.admin_listen` are not read.
+/// [`serve`] on listeners and a proxy made elsewhere, on the caller's runtime alone: what
+/// `serve` does once it has bound, for callers that bring their own network (the
+/// deterministic simulation in `tests/simulation/` runs the gateway on a simulated one,
+/// whose connections cannot move to other threads). `settings.listen`,
+/// `settings.admin_listen` and `settings.threads` are not read.
 pub async fn serve_on<St, L, A, C>(
     settings: Settings,
     store: St,
@@ -92,72 +116,126 @@ pub async fn serve_on<St, L, A, C>(
         proxy: listener,
         admin: admin_listener,
     } = listeners;
+    let builder = connection_builder(&settings);
     let layer = IdempotencyLayer::new(store.clone(), settings.layer.clone());
-    let service = layer.layer(proxy);
-
-    let admin = crate::admin::router(store.clone(), metrics, settings.admin_token.clone());
-    let mut builder = http1::Builder::new();
-    builder
-        .timer(TokioTimer::new())
-        .header_read_timeout(settings.header_read_timeout);
-    let (admin_stop, admin_stopped) = tokio::sync::oneshot::channel::<()>();
-    let admin_task = tokio::spawn({
-        let builder = builder.clone();
-        let drain = settings.shutdown_timeout;
-        async move {
-            let graceful = GracefulShutdown::new();
-            let admin = move |_| TowerToHyperService::new(admin.clone());
-            let stopped = async {
-                let _ = admin_stopped.await;
-            };
-            accept_loop(
-                "admin",
-                admin_listener,
-                ADMIN_MAX_CONNECTIONS,
-                &builder,
-                &graceful,
-                admin,
-                stopped,
-            )
-            .await;
-            let _ = tokio::time::timeout(drain, graceful.shutdown()).await;
-        }
-    });
-    // Metered like every other store call, so a purge's time and failures are in
-    // idem_store_call_seconds / idem_store_errors_total{op="purge"} and its count in
-    // idem_purged_records_total, from the one wrapper that counts them.
-    let purge_task = tokio::spawn(purge_loop(
-        idem_core::store::MeteredStore::new(store),
-        settings.purge_interval,
-        settings.purge_batch,
-    ));
-
+    let make_service = proxied(layer.layer(proxy));
+    let background = Background::start(&settings, store, metrics, admin_listener, &builder);
     let graceful = GracefulShutdown::new();
-    let proxied = move |peer: SocketAddr| {
-        let svc = Detached(service.clone()).map_request(move |mut req: http::Request<Incoming>| {
-            req.extensions_mut().insert(ClientAddr(peer));
-            req
-        });
-        TowerToHyperService::new(svc)
-    };
     accept_loop(
         "proxy",
         listener,
         settings.max_connections,
-        &builder,
-        &graceful,
-        proxied,
+        |io, peer, slot| {
+            serve_connection("proxy", &builder, &graceful, io, make_service(peer), slot)
+        },
         shutdown,
     )
     .await;
     tracing::info!("shutting down: no new connections; waiting for in-flight requests");
     let drained = tokio::time::timeout(settings.shutdown_timeout, graceful.shutdown()).await;
     if drained.is_err() {
-        tracing::warn!(timeout = ?settings.shutdown_timeout, "in-flight requests did not finish in time; their keys will read as abandoned");
+        warn_undrained(settings.shutdown_timeout);
     }
-    let _ = admin_stop.send(());
-    let _ = admin_task.await;
-    purge_task.abort();
+    background.stop().await;
+}
+
+fn warn_undrained(timeout: Duration) {
+    tracing::warn!(
+        ?timeout,
+        "in-flight requests did not finish in time; their keys will read as abandoned"
+    );
+}
+
+/// HTTP/1 with the header read timeout, for both listeners.
+fn connection_builder(settings: &Settings) -> http1::Builder {
+    let mut builder = http1::Builder::new();
+    builder
+        .timer(TokioTimer::new())
+        .header_read_timeout(settings.header_read_timeout);
+    builder
+}
+
+/// What serves a client's connection: `service` (the layer over a proxy), each request in a
+/// task of its own and told the client's address ([`Detached`]).
+fn proxied<S>(
+    service: S,
+) -> impl Fn(SocketAddr) -> TowerToHyperService<Detached<S>> + Send + 'static
+where
+    S: Clone + Send + 'static,
+{
+    move |peer: SocketAddr| {
+        TowerToHyperService::new(Detached {
+            service: service.clone(),
+            peer,
+        })
+    }
+}
+
+/// What runs beside the proxy listener on the caller's runtime: the admin listener and the
+/// background purge.
+struct Background {
+    admin_stop: tokio::sync::oneshot::Sender<()>,
+    admin_task: tokio::task::JoinHandle<()>,
+    purge_task: tokio::task::JoinHandle<()>,
+}
+
+impl Background {
+    fn start<St, A>(
+        settings: &Settings,
+        store: St,
+        metrics: PrometheusHandle,
+        admin_listener: A,
+        builder: &http1::Builder,
+    ) -> Self
+    where
+        St: Store + ListRecords + Clone,
+        A: Listener,
+    {
+        let admin = crate::admin::router(store.clone(), metrics, settings.admin_token.clone());
+        let (admin_stop, admin_stopped) = tokio::sync::oneshot::channel::<()>();
+        let admin_task = tokio::spawn({
+            let builder = builder.clone();
+            let drain = settings.shutdown_timeout;
+            async move {
+                let graceful = GracefulShutdown::new();
+                let stopped = async {
+                    let _ = admin_stopped.await;
+                };
+                accept_loop(
+                    "admin",
+                    admin_listener,
+                    ADMIN_MAX_CONNECTIONS,
+                    |io, _peer, slot| {
+                        let service = TowerToHyperService::new(admin.clone());
+                        serve_connection("admin", &builder, &graceful, io, service, slot);
+                    },
+                    stopped,
+                )
+                .await;
+                let _ = tokio::time::timeout(drain, graceful.shutdown()).await;
+            }
+        });
+        // Metered like every other store call, so a purge's time and failures are in
+        // idem_store_call_seconds / idem_store_errors_total{op="purge"} and its count in
+        // idem_purged_records_total, from the one wrapper that counts them.
+        let purge_task = tokio::spawn(purge_loop(
+            idem_core::store::MeteredStore::new(store),
+            settings.purge_interval,
+            settings.purge_batch,
+        ));
+        Background {
+            admin_stop,
+            admin_task,
+            purge_task,
+        }
+    }
+
+    /// After the proxy listener has drained: stops the admin listener and the purge.
+    async fn stop(self) {
+        let _ = self.admin_stop.send(());
+        let _ = self.admin_task.await;
+        self.purge_task.abort();
+    }
 }
 
 /// Connections the admin listener serves at once; more wait to be accepted.
@@ -166,28 +244,19 @@ const ADMIN_MAX_CONNECTIONS: usize = 64;
 /// How long the accept loop pauses after `accept` fails (out of file descriptors, say).
 const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
 
-/// Accepts connections on `listener` until `shutdown` resolves, and serves each with the
-/// service `make_service` builds for its peer, under `graceful`. A connection is accepted only
-/// while fewer than `max_connections` are open, and holds it until it closes: past the cap, new connections
-/// wait in the kernel's accept queue (and the client's connect timeout) rather than take file
-/// descriptors the served ones need. A connection that does not send a request's headers
-/// within the builder's header read timeout is closed, so stalled clients free their slots.
-/// A failed `accept` is logged and retried after [`ACCEPT_BACKOFF`].
-async fn accept_loop<S, B>(
+/// Accepts connections on `listener` until `shutdown` resolves, and gives each to `serve`
+/// with its peer's address and its slot. A connection is accepted only while fewer than
+/// `max_connections` are open, and holds its slot until it closes: past the cap, new
+/// connections wait in the kernel's accept queue (and the client's connect timeout) rather
+/// than take file descriptors the served ones need. A failed `accept` is logged and retried
+/// after [`ACCEPT_BACKOFF`].
+async fn accept_loop<L: Listener>(
     name: &'static str,
-    listener: impl Listener,
+    listener: L,
     max_connections: usize,
-    builder: &http1::Builder,
-    graceful: &GracefulShutdown,
-    make_service: impl Fn(SocketAddr) -> S,
+    mut serve: impl FnMut(L::Io, SocketAddr, OwnedSemaphorePermit),
     shutdown: impl Future<Output = ()>,
-) where
-    S: hyper::service::HttpService<Incoming, ResBody = B> + Send + 'static,
-    S::Future: Send + 'static,
-    B: http_body::Body + Send + 'static,
-    B::Data: Send,
-    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
-{
+) {
     let slots = Arc::new(Semaphore::new(max_connections));
     let mut shutdown = std::pin::pin!(shutdown);
     let mut full = false;
@@ -230,27 +299,51 @@ async fn accept_loop<S, B>(
             },
             () = &mut shutdown => break,
         };
-        let conn = builder.serve_connection(TokioIo::new(stream), make_service(peer));
-        let conn = graceful.watch(conn);
-        tokio::spawn(async move {
-            if let Err(e) = conn.await {
-                tracing::debug!(listener = name, error = %e, "connection ended with an error");
-            }
-            drop(slot);
-        });
+        serve(stream, peer, slot);
     }
+}
+
+/// Serves one connection on this runtime with `service`, under `graceful`; the slot is
+/// given back when it closes. A connection that does not send a request's headers within
+/// the builder's header read timeout is closed, so stalled clients free their slots.
+fn serve_connection<I, S, B>(
+    name: &'static str,
+    builder: &http1::Builder,
+    graceful: &GracefulShutdown,
+    io: I,
+    service: S,
+    slot: OwnedSemaphorePermit,
+) where
+    I: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+    S: hyper::service::HttpService<Incoming, ResBody = B> + Send + 'static,
+    S::Future: Send + 'static,
+    B: http_body::Body + Send + 'static,
+    B::Data: Send,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    let conn = graceful.watch(builder.serve_connection(TokioIo::new(io), service));
+    tokio::spawn(async move {
+        if let Err(e) = conn.await {
+            tracing::debug!(listener = name, error = %e, "connection ended with an error");
+        }
+        drop(slot);
+    });
 }
 
 /// Runs each request in a task of its own, so a client that hangs up does not cancel an
 /// execution already under way: the upstream's answer is still stored and a retry with the
-/// same key replays it, instead of finding the record abandoned.
+/// same key replays it, instead of finding the record abandoned. Each request is told the
+/// client's address ([`ClientAddr`]).
 #[derive(Clone)]
-struct Detached<S>(S);
+struct Detached<S> {
+    service: S,
+    peer: SocketAddr,
+}
 
-impl<S, Req> tower::Service<Req> for Detached<S>
+impl<S, B> tower::Service<http::Request<B>> for Detached<S>
 where
     S: tower::Service<
-            Req,
+            http::Request<B>,
             Response = http::Response<idem_http::Body>,
             Error = std::convert::Infallible,
         >,
@@ -265,11 +358,12 @@ where
         &mut self,
         cx: &mut std::task::Context<'_>,
     ) -> std::task::Poll<Result<(), Self::Error>> {
-        self.0.poll_ready(cx)
+        self.service.poll_ready(cx)
     }
 
-    fn call(&mut self, req: Req) -> Self::Future {
-        let task = tokio::spawn(self.0.call(req));
+    fn call(&mut self, mut req: http::Request<B>) -> Self::Future {
+        req.extensions_mut().insert(ClientAddr(self.peer));
+        let task = tokio::spawn(self.service.call(req));
         Box::pin(async move {
             match task.await {
                 Ok(answer) => answer,

@@ -116,29 +116,27 @@ impl PathPattern {
         })
     }
 
-    /// Whether `path` (without the query) matches.
+    /// Whether `path` (without the query) matches. Runs on every request, so it walks the
+    /// segments in place instead of collecting them.
     pub fn matches(&self, path: &str) -> bool {
         let body = path.strip_prefix('/').unwrap_or(path);
-        let mut parts = if body.is_empty() {
-            Vec::new()
-        } else {
-            body.split('/').collect::<Vec<_>>()
+        // A trailing slash is not a segment of its own: /v1/charges/ is /v1/charges. The root
+        // has no segments; "//" has one, empty.
+        let parts = match body {
+            "" => 0,
+            _ => body.strip_suffix('/').unwrap_or(body).split('/').count(),
         };
-        // A trailing slash is not a segment of its own: /v1/charges/ is /v1/charges.
-        if parts.last() == Some(&"") {
-            parts.pop();
-        }
-        if parts.len() < self.segments.len() || (!self.rest && parts.len() != self.segments.len()) {
+        if parts < self.segments.len() || (!self.rest && parts != self.segments.len()) {
             return false;
         }
-        self.segments
-            .iter()
-            .zip(&parts)
-            .enumerate()
-            .all(|(i, (seg, part))| match seg {
-                Segment::Literal(l) => literal_matches(l, part, i + 1 == parts.len()),
+        let mut given = body.strip_suffix('/').unwrap_or(body).split('/');
+        self.segments.iter().enumerate().all(|(i, seg)| {
+            let part = given.next().unwrap_or_default();
+            match seg {
+                Segment::Literal(l) => literal_matches(l, part, i + 1 == parts),
                 Segment::Any => !part.is_empty(),
-            })
+            }
+        })
     }
 }
 
@@ -150,7 +148,11 @@ impl PathPattern {
 /// last segment, with a format suffix (`charges.json`: Rails' `(.:format)`, Spring's suffix
 /// matching).
 fn literal_matches(literal: &str, part: &str, last: bool) -> bool {
-    let decoded = part.replace("%20", " ");
+    let decoded = if part.contains("%20") {
+        Cow::Owned(part.replace("%20", " "))
+    } else {
+        Cow::Borrowed(part)
+    };
     let part = decoded.trim_end_matches([' ', '.']);
     if part.eq_ignore_ascii_case(literal) {
         return true;
@@ -459,6 +461,77 @@ mod tests {
             "/é/ü",
         ] {
             assert_eq!(normalize(path), resolve_segments(path), "{path}");
+        }
+    }
+
+    /// `matches` as it was before it walked the segments in place: the oracle.
+    fn matches_by_collecting(p: &PathPattern, path: &str) -> bool {
+        let body = path.strip_prefix('/').unwrap_or(path);
+        let mut parts = if body.is_empty() {
+            Vec::new()
+        } else {
+            body.split('/').collect::<Vec<_>>()
+        };
+        if parts.last() == Some(&"") {
+            parts.pop();
+        }
+        if parts.len() < p.segments.len() || (!p.rest && parts.len() != p.segments.len()) {
+            return false;
+        }
+        p.segments
+            .iter()
+            .zip(&parts)
+            .enumerate()
+            .all(|(i, (seg, part))| match seg {
+                Segment::Literal(l) => literal_matches(l, part, i + 1 == parts.len()),
+                Segment::Any => !part.is_empty(),
+            })
+    }
+
+    #[test]
+    fn matching_in_place_agrees_with_collecting_the_segments() {
+        let patterns = [
+            "/",
+            "/*",
+            "/v1",
+            "/v1/*",
+            "/v1/charges",
+            "/v1/{id}",
+            "/v1/{id}/x",
+            "/{a}/{b}/*",
+        ]
+        .map(p);
+        // Every path of up to four segments over an alphabet of the pieces that matter.
+        let pieces = [
+            "", "v1", "V1.", "x", "charges", "v1.json", "v1%20", "%20", ".",
+        ];
+        let mut paths = vec![String::new()];
+        let mut frontier = vec![String::new()];
+        for _ in 0..4 {
+            let mut next = Vec::new();
+            for base in &frontier {
+                for piece in pieces {
+                    next.push(format!("{base}/{piece}"));
+                }
+            }
+            paths.extend(next.iter().cloned());
+            frontier = next;
+        }
+        paths.extend(
+            paths
+                .clone()
+                .iter()
+                .map(|x| x.trim_start_matches('/').to_owned()),
+        );
+        assert!(paths.len() > 10_000, "{}", paths.len());
+        for pattern in &patterns {
+            for path in &paths {
+                assert_eq!(
+                    pattern.matches(path),
+                    matches_by_collecting(pattern, path),
+                    "{pattern} on {path:?}"
+                );
+            }
         }
     }
 

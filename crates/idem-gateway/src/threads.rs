@@ -1,0 +1,331 @@
+//! Serving connections on one single-threaded runtime per thread (`threads` in the
+//! configuration), each with an upstream pool of its own.
+//!
+//! Why: on a work-stealing runtime a request hops between worker threads (the connection's
+//! task, the request's detached task, the pooled upstream connection's task each wake
+//! wherever a worker is free), and idle workers spin looking for work. Measured on
+//! `idem serve` with the memory store, that cost a third of the gateway's CPU per new key
+//! (docs/benchmarks.md, "Issue 16, third pass"). Here a connection is handed to one thread
+//! when it is accepted and every task it spawns stays there: the connection, the request's
+//! detached execution, its lease heartbeat, and the upstream connection it borrows from that
+//! thread's pool. The store, the completed-record cache and the connection cap are shared.
+//!
+//! One acceptor (on the caller's runtime) hands each connection to the thread with the
+//! fewest open, so load spreads evenly whatever the clients' addresses; `SO_REUSEPORT` would
+//! also let a second gateway started by mistake on the same port share it silently.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use hyper::body::Incoming;
+use hyper::server::conn::http1;
+use hyper_util::rt::TokioIo;
+use hyper_util::server::graceful::GracefulShutdown;
+use tokio::net::TcpStream;
+use tokio::sync::{OwnedSemaphorePermit, mpsc, oneshot};
+
+/// A connection accepted on the caller's runtime, on its way to a serving thread.
+struct Accepted {
+    stream: std::net::TcpStream,
+    peer: SocketAddr,
+    /// The connection cap's slot, held until the connection closes.
+    slot: OwnedSemaphorePermit,
+}
+
+/// One serving thread, as the acceptor sees it.
+struct Thread {
+    connections: mpsc::UnboundedSender<Accepted>,
+    /// Connections handed to it and not yet closed.
+    open: Arc<AtomicUsize>,
+    /// Answers once the thread has drained: `true` if every connection finished within the
+    /// shutdown timeout.
+    drained: oneshot::Receiver<bool>,
+}
+
+/// The serving threads.
+pub(crate) struct Threads {
+    threads: Vec<Thread>,
+    /// Where the search for the least loaded thread starts, so ties rotate.
+    next: usize,
+}
+
+impl Threads {
+    /// Starts one thread per entry of `services`, each serving the connections handed to it
+    /// with `builder` and the services its entry makes (one per peer). When the acceptor
+    /// stops ([`Threads::drain`]), each thread stops reading new requests and gives the
+    /// requests under way `drain` to finish.
+    pub(crate) fn start<M, S, B>(
+        services: Vec<M>,
+        builder: &http1::Builder,
+        drain: Duration,
+    ) -> Result<Self>
+    where
+        M: Fn(SocketAddr) -> S + Send + 'static,
+        S: hyper::service::HttpService<Incoming, ResBody = B> + Send + 'static,
+        S::Future: Send + 'static,
+        B: http_body::Body + Send + 'static,
+        B::Data: Send,
+        B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+    {
+        let mut threads = Vec::with_capacity(services.len());
+        for (i, make_service) in services.into_iter().enumerate() {
+            // Built here, so a failure is the caller's error at startup, not a dead thread.
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .context("cannot start a serving thread's runtime")?;
+            let (connections, accepted) = mpsc::unbounded_channel();
+            let (done, drained) = oneshot::channel();
+            let open = Arc::new(AtomicUsize::new(0));
+            let serving = Serving {
+                builder: builder.clone(),
+                open: open.clone(),
+                drain,
+            };
+            std::thread::Builder::new()
+                .name(format!("idem-serve-{i}"))
+                .spawn(move || {
+                    let finished = runtime.block_on(serving.run(accepted, make_service));
+                    let _ = done.send(finished);
+                })
+                .context("cannot start a serving thread")?;
+            threads.push(Thread {
+                connections,
+                open,
+                drained,
+            });
+        }
+        Ok(Threads { threads, next: 0 })
+    }
+
+    /// Hands a connection to the thread with the fewest open. A connection that cannot be
+    /// moved off the acceptor's runtime is closed, and logged.
+    pub(crate) fn dispatch(
+        &mut self,
+        stream: TcpStream,
+        peer: SocketAddr,
+        slot: OwnedSemaphorePermit,
+    ) {
+        let stream = match stream.into_std() {
+            Ok(s) => s,
+            Err(e) => {
+                tracing::warn!(error = %e, %peer, "cannot hand the connection to a serving thread; closed");
+                return;
+            }
+        };
+        let n = self.threads.len();
+        let Some(pick) = (0..n)
+            .map(|i| (self.next + i) % n)
+            .min_by_key(|&i| self.threads[i].open.load(Ordering::Relaxed))
+        else {
+            return;
+        };
+        self.next = (pick + 1) % n;
+        let thread = &self.threads[pick];
+        thread.open.fetch_add(1, Ordering::Relaxed);
+        if thread
+            .connections
+            .send(Accepted { stream, peer, slot })
+            .is_err()
+        {
+            // Only a thread whose runtime panicked stops receiving; its count stays up, so
+            // the others get the connections from now on.
+            tracing::error!(thread = pick, %peer, "a serving thread is gone; connection closed");
+        }
+    }
+
+    /// Stops handing out connections and waits for every thread to drain. `false` if some
+    /// requests were still under way when their thread's shutdown timeout ran out.
+    pub(crate) async fn drain(self) -> bool {
+        let mut all = true;
+        for thread in self.threads {
+            drop(thread.connections);
+            all &= thread.drained.await.unwrap_or(false);
+        }
+        all
+    }
+}
+
+/// What a serving thread runs.
+struct Serving {
+    builder: http1::Builder,
+    open: Arc<AtomicUsize>,
+    drain: Duration,
+}
+
+impl Serving {
+    /// Serves each connection handed over until the acceptor hangs up, then shuts them down
+    /// gracefully; `true` if they all finished within the timeout.
+    async fn run<M, S, B>(
+        self,
+        mut accepted: mpsc::UnboundedReceiver<Accepted>,
+        make_service: M,
+    ) -> bool
+    where
+        M: Fn(SocketAddr) -> S,
+        S: hyper::service::HttpService<Incoming, ResBody = B> + Send + 'static,
+        S::Future: Send + 'static,
+        B: http_body::Body + Send + 'static,
+        B::Data: Send,
+        B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+    {
+        let graceful = GracefulShutdown::new();
+        while let Some(Accepted { stream, peer, slot }) = accepted.recv().await {
+            // Registers the socket with this thread's reactor.
+            let stream = match TcpStream::from_std(stream) {
+                Ok(s) => s,
+                Err(e) => {
+                    tracing::warn!(error = %e, %peer, "cannot serve the connection; closed");
+                    self.open.fetch_sub(1, Ordering::Relaxed);
+                    continue;
+                }
+            };
+            let conn = self
+                .builder
+                .serve_connection(TokioIo::new(stream), make_service(peer));
+            let conn = graceful.watch(conn);
+            let open = self.open.clone();
+            tokio::spawn(async move {
+                if let Err(e) = conn.await {
+                    tracing::debug!(listener = "proxy", error = %e, "connection ended with an error");
+                }
+                open.fetch_sub(1, Ordering::Relaxed);
+                drop(slot);
+            });
+        }
+        tokio::time::timeout(self.drain, graceful.shutdown())
+            .await
+            .is_ok()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+    use std::convert::Infallible;
+
+    use http_body_util::{BodyExt, Empty, Full};
+    use hyper::client::conn::http1 as client;
+    use tokio::net::TcpListener;
+    use tokio::sync::Semaphore;
+
+    use super::*;
+
+    /// Answers with the name of the thread that ran the request, after `delay`.
+    #[derive(Clone)]
+    struct ThreadNamer {
+        delay: Duration,
+    }
+
+    impl hyper::service::Service<http::Request<Incoming>> for ThreadNamer {
+        type Response = http::Response<Full<bytes::Bytes>>;
+        type Error = Infallible;
+        type Future =
+            std::pin::Pin<Box<dyn Future<Output = Result<Self::Response, Infallible>> + Send>>;
+
+        fn call(&self, _req: http::Request<Incoming>) -> Self::Future {
+            let delay = self.delay;
+            Box::pin(async move {
+                tokio::time::sleep(delay).await;
+                let name = std::thread::current().name().unwrap_or("?").to_owned();
+                Ok(http::Response::new(Full::new(bytes::Bytes::from(name))))
+            })
+        }
+    }
+
+    struct Harness {
+        addr: SocketAddr,
+        stop: oneshot::Sender<()>,
+        done: tokio::task::JoinHandle<bool>,
+    }
+
+    /// `threads` serving threads behind a loopback acceptor, as `serve` runs them.
+    async fn start(threads: usize, delay: Duration, drain: Duration) -> Harness {
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        let services = (0..threads)
+            .map(|_| move |_peer| ThreadNamer { delay })
+            .collect();
+        let mut serving =
+            Threads::start(services, &http1::Builder::new(), drain).expect("threads start");
+        let (stop, mut stopped) = oneshot::channel::<()>();
+        let done = tokio::spawn(async move {
+            let slots = Arc::new(Semaphore::new(100));
+            loop {
+                tokio::select! {
+                    accepted = listener.accept() => {
+                        let (stream, peer) = accepted.expect("accept");
+                        let slot = slots.clone().try_acquire_owned().expect("slot");
+                        serving.dispatch(stream, peer, slot);
+                    }
+                    _ = &mut stopped => break,
+                }
+            }
+            serving.drain().await
+        });
+        Harness { addr, stop, done }
+    }
+
+    async fn connect(addr: SocketAddr) -> client::SendRequest<Empty<bytes::Bytes>> {
+        let stream = TcpStream::connect(addr).await.expect("connect");
+        let (send, conn) = client::handshake(TokioIo::new(stream))
+            .await
+            .expect("handshake");
+        tokio::spawn(conn);
+        send
+    }
+
+    async fn ask(send: &mut client::SendRequest<Empty<bytes::Bytes>>) -> String {
+        let resp = send
+            .send_request(http::Request::new(Empty::new()))
+            .await
+            .expect("answer");
+        let body = resp.into_body().collect().await.expect("body").to_bytes();
+        String::from_utf8(body.to_vec()).expect("utf-8")
+    }
+
+    #[tokio::test]
+    async fn connections_spread_evenly_and_stay_on_their_thread() {
+        let h = start(3, Duration::ZERO, Duration::from_secs(5)).await;
+        let mut per_thread = BTreeMap::<String, usize>::new();
+        let mut conns = Vec::new();
+        for _ in 0..6 {
+            let mut send = connect(h.addr).await;
+            let first = ask(&mut send).await;
+            // Every request on a connection runs on the thread it was handed to.
+            for _ in 0..3 {
+                assert_eq!(ask(&mut send).await, first);
+            }
+            *per_thread.entry(first).or_default() += 1;
+            conns.push(send);
+        }
+        let expected: BTreeMap<String, usize> =
+            (0..3).map(|i| (format!("idem-serve-{i}"), 2)).collect();
+        assert_eq!(per_thread, expected);
+        drop(conns);
+        let _ = h.stop.send(());
+        assert!(h.done.await.expect("acceptor"));
+    }
+
+    #[tokio::test]
+    async fn shutdown_lets_requests_under_way_finish_within_the_timeout() {
+        let h = start(2, Duration::from_millis(300), Duration::from_secs(5)).await;
+        let mut send = connect(h.addr).await;
+        let answer = tokio::spawn(async move { ask(&mut send).await });
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let _ = h.stop.send(());
+        assert!(answer.await.expect("request").starts_with("idem-serve-"));
+        assert!(h.done.await.expect("acceptor"), "drained in time");
+
+        // A request that outlives the timeout: the drain says so.
+        let h = start(1, Duration::from_secs(10), Duration::from_millis(200)).await;
+        let mut send = connect(h.addr).await;
+        let _pending = tokio::spawn(async move { ask(&mut send).await });
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let _ = h.stop.send(());
+        assert!(!h.done.await.expect("acceptor"), "reported as not drained");
+    }
+}
