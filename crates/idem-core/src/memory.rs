@@ -7,6 +7,7 @@
 //! what makes `claim` atomic here.
 
 use std::collections::hash_map::DefaultHasher;
+use std::collections::hash_map::Entry;
 use std::collections::{BTreeSet, HashMap};
 use std::fmt;
 use std::hash::{Hash, Hasher};
@@ -34,13 +35,24 @@ struct Shard {
 }
 
 impl Shard {
+    /// Inserts or replaces `rec`, hashing its id once and touching the expiry index only when
+    /// the expiry moves (a lease extension leaves it at never).
     fn put(&mut self, rec: Record) {
-        let id = (rec.scope.clone(), rec.key.clone());
-        if let Some(old) = self.records.get(&id) {
-            self.by_expiry.remove(&(old.expires_at, id.clone()));
+        match self.records.entry((rec.scope.clone(), rec.key.clone())) {
+            Entry::Occupied(mut held) => {
+                let old = held.get().expires_at;
+                if old != rec.expires_at {
+                    let id = held.key().clone();
+                    self.by_expiry.remove(&(old, id.clone()));
+                    self.by_expiry.insert((rec.expires_at, id));
+                }
+                held.insert(rec);
+            }
+            Entry::Vacant(slot) => {
+                self.by_expiry.insert((rec.expires_at, slot.key().clone()));
+                slot.insert(rec);
+            }
         }
-        self.by_expiry.insert((rec.expires_at, id.clone()));
-        self.records.insert(id, rec);
     }
 
     fn delete(&mut self, id: &Id) {
@@ -238,5 +250,85 @@ impl ListRecords for MemoryStore {
             );
         }
         Ok(filter.finish(found, now, false))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::AbandonedPolicy;
+    use crate::clock::ManualClock;
+    use crate::fingerprint::Fingerprint;
+
+    fn ok<T>(r: Result<T, StoreError>) -> T {
+        r.unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    /// The expiry index holds exactly one entry per record, at the record's expiry.
+    fn assert_index_in_step(store: &MemoryStore) {
+        for shard in store.shards.iter() {
+            let shard = shard.lock().unwrap_or_else(|p| p.into_inner());
+            let expected: BTreeSet<(Timestamp, Id)> = shard
+                .records
+                .iter()
+                .map(|(id, r)| (r.expires_at, id.clone()))
+                .collect();
+            assert_eq!(shard.by_expiry, expected);
+        }
+    }
+
+    #[tokio::test]
+    async fn the_expiry_index_follows_every_transition() {
+        let clock = ManualClock::new(Timestamp::from_millis(1_000));
+        let store = MemoryStore::with_clock(clock.clone());
+        let scope = Scope::anonymous();
+        let request = |key: &str| ClaimRequest {
+            scope: scope.clone(),
+            key: Key::new(key).unwrap_or_else(|e| panic!("{e}")),
+            fingerprint: Fingerprint::from_bytes([7; 32]),
+            lease: Duration::from_secs(10),
+            retention: Duration::from_secs(60),
+            on_abandoned: AbandonedPolicy::Retry,
+        };
+        let lease = |claim: Claim| match claim {
+            Claim::Acquired(lease) => lease,
+            other => panic!("not acquired: {other:?}"),
+        };
+        for i in 0..20 {
+            let req = request(&format!("key-{i}"));
+            let key = req.key.clone();
+            let held = lease(ok(store.claim(req.clone()).await));
+            assert_index_in_step(&store);
+            ok(store
+                .extend(&scope, &key, held.token, Duration::from_secs(20))
+                .await);
+            assert_index_in_step(&store);
+            match i % 3 {
+                0 => {
+                    ok(store
+                        .complete(&scope, &key, held.token, StoredResponse::new(201, "ok"))
+                        .await);
+                }
+                1 => ok(store.release(&scope, &key, held.token).await),
+                // Left in flight, to be taken over once abandoned, then completed.
+                _ => {
+                    clock.advance(Duration::from_secs(30));
+                    let again = lease(ok(store.claim(req).await));
+                    assert_index_in_step(&store);
+                    ok(store
+                        .complete(&scope, &key, again.token, StoredResponse::new(201, "ok"))
+                        .await);
+                }
+            }
+            assert_index_in_step(&store);
+        }
+        clock.advance(Duration::from_secs(3_600));
+        let purged = ok(store.purge_expired(1_000).await);
+        assert_eq!(
+            purged, 13,
+            "the completed records (two in three), every one expired"
+        );
+        assert_index_in_step(&store);
+        assert!(store.is_empty());
     }
 }
