@@ -234,6 +234,10 @@ pub(crate) struct ServeArgs {
     /// Address of the admin listener (/healthz, /metrics, /keys/KEY) [default: 127.0.0.1:9090].
     #[arg(long, env = "IDEM_ADMIN_LISTEN", value_name = "ADDR", value_parser = socket_addr)]
     pub(crate) admin_listen: Option<std::net::SocketAddr>,
+    /// Threads serving client connections, each with its own upstream pool [default: the
+    /// CPUs idem may use].
+    #[arg(long, env = "IDEM_THREADS", value_name = "N")]
+    pub(crate) threads: Option<usize>,
 }
 
 #[derive(Debug, Args)]

@@ -3,7 +3,7 @@
 //!
 //! ```toml
 //! listen = "127.0.0.1:8080"
-//! threads = 4                       # runtimes serving connections (default: the CPUs idem may use)
+//! threads = 4                       # threads serving connections, each with its own upstream pool (--threads; default: the CPUs idem may use)
 //! upstream = "http://127.0.0.1:3000"  # or the [upstream] table below
 //! store = "sqlite:idem.db"
 //! scope_headers = ["authorization", "proxy-authorization", "cookie", "x-api-key", "api-key", "x-auth-token"]
@@ -239,6 +239,8 @@ pub struct Overrides {
     pub store: Option<String>,
     /// `--admin-listen` / `IDEM_ADMIN_LISTEN`.
     pub admin_listen: Option<SocketAddr>,
+    /// `--threads` / `IDEM_THREADS`.
+    pub threads: Option<usize>,
 }
 
 /// The validated configuration.
@@ -446,7 +448,7 @@ impl Settings {
         if body_read_timeout.is_zero() {
             bail!("timeouts.body_read must be more than 0s (default {DEFAULT_BODY_READ:?})");
         }
-        let threads = match file.threads {
+        let threads = match over.threads.or(file.threads) {
             Some(0) => bail!("threads must be at least 1"),
             Some(n) => n,
             None => default_threads(),
@@ -627,6 +629,16 @@ mod tests {
     fn threads_are_read_and_checked() {
         let s = parse("threads = 3\nupstream = \"http://x:1\"").unwrap_or_else(|e| panic!("{e:#}"));
         assert_eq!(s.threads, 3);
+        let flag = Settings::resolve(
+            FileConfig::parse("threads = 3\nupstream = \"http://x:1\"")
+                .unwrap_or_else(|e| panic!("{e:#}")),
+            Overrides {
+                threads: Some(5),
+                ..Overrides::default()
+            },
+        )
+        .unwrap_or_else(|e| panic!("{e:#}"));
+        assert_eq!(flag.threads, 5, "the flag wins over the file");
         let e = parse("threads = 0\nupstream = \"http://x:1\"")
             .err()
             .map(|e| format!("{e:#}"))

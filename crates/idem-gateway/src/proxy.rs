@@ -158,6 +158,12 @@ fn tls_error<'e>(e: &'e (dyn std::error::Error + 'static)) -> Option<&'e rustls:
     None
 }
 
+/// Idle upstream connections kept, across every serving thread's pool.
+const MAX_IDLE_UPSTREAM: usize = 256;
+
+/// Idle upstream connections a pool may keep however many threads share them out.
+const MIN_IDLE_PER_POOL: usize = 16;
+
 impl Proxy {
     /// A proxy to the configured upstream (scheme, authority and optional path prefix).
     /// Fails if an `https://` upstream has no CA certificates to trust.
@@ -188,11 +194,12 @@ impl<C: Connect + Clone + Send + Sync + 'static> Proxy<C> {
         // them under a request; one it closed anyway while the request waited to be written
         // is retried on a new connection by the client (`retry_canceled_requests`, on by
         // default): that request was never written.
-        // `pool_idle_timeout = "0s"`: a connection per request.
+        // `pool_idle_timeout = "0s"`: a connection per request. Each serving thread has a
+        // pool of its own (`threads`), so the 256 idle connections are shared out among them.
         let max_idle = if settings.pool_idle_timeout.is_zero() {
             0
         } else {
-            256
+            (MAX_IDLE_UPSTREAM / settings.threads.max(1)).max(MIN_IDLE_PER_POOL)
         };
         let client = Client::builder(TokioExecutor::new())
             .pool_idle_timeout(settings.pool_idle_timeout)

@@ -25,7 +25,7 @@ use hyper::server::conn::http1;
 use hyper_util::rt::TokioIo;
 use hyper_util::server::graceful::GracefulShutdown;
 use tokio::net::TcpStream;
-use tokio::sync::{OwnedSemaphorePermit, mpsc, oneshot};
+use tokio::sync::{OwnedSemaphorePermit, mpsc, oneshot, watch};
 
 /// A connection accepted on the caller's runtime, on its way to a serving thread.
 struct Accepted {
@@ -38,18 +38,32 @@ struct Accepted {
 /// One serving thread, as the acceptor sees it.
 struct Thread {
     connections: mpsc::UnboundedSender<Accepted>,
-    /// Connections handed to it and not yet closed.
+    /// Connections handed to it and not yet closed; [`GONE`] once it stopped receiving.
     open: Arc<AtomicUsize>,
     /// Answers once the thread has drained: `true` if every connection finished within the
     /// shutdown timeout.
     drained: oneshot::Receiver<bool>,
+    handle: std::thread::JoinHandle<()>,
 }
+
+/// The `open` count of a thread that no longer receives connections (its runtime panicked):
+/// never the least loaded.
+const GONE: usize = usize::MAX;
+
+/// How long a serving thread's runtime may take, once released, to drop what it still runs
+/// (a detached execution past the drain, a blocking store read).
+const RUNTIME_SHUTDOWN: Duration = Duration::from_secs(1);
 
 /// The serving threads.
 pub(crate) struct Threads {
     threads: Vec<Thread>,
     /// Where the search for the least loaded thread starts, so ties rotate.
     next: usize,
+    /// Set once every thread has drained. Until then each keeps its runtime running: a shared
+    /// store's connection opened from a serving thread is driven by that thread's runtime,
+    /// and the other threads may still be using it.
+    release: watch::Sender<bool>,
+    drain: Duration,
 }
 
 impl Threads {
@@ -70,6 +84,7 @@ impl Threads {
         B::Data: Send,
         B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
     {
+        let (release, released) = watch::channel(false);
         let mut threads = Vec::with_capacity(services.len());
         for (i, make_service) in services.into_iter().enumerate() {
             // Built here, so a failure is the caller's error at startup, not a dead thread.
@@ -85,24 +100,37 @@ impl Threads {
                 open: open.clone(),
                 drain,
             };
-            std::thread::Builder::new()
+            let mut released = released.clone();
+            let handle = std::thread::Builder::new()
                 .name(format!("idem-serve-{i}"))
                 .spawn(move || {
-                    let finished = runtime.block_on(serving.run(accepted, make_service));
-                    let _ = done.send(finished);
+                    runtime.block_on(async {
+                        let finished = serving.run(accepted, make_service).await;
+                        let _ = done.send(finished);
+                        // An error: the acceptor is gone, so nobody is left to wait for.
+                        let _ = released.wait_for(|r| *r).await;
+                    });
+                    runtime.shutdown_timeout(RUNTIME_SHUTDOWN);
                 })
                 .context("cannot start a serving thread")?;
             threads.push(Thread {
                 connections,
                 open,
                 drained,
+                handle,
             });
         }
-        Ok(Threads { threads, next: 0 })
+        Ok(Threads {
+            threads,
+            next: 0,
+            release,
+            drain,
+        })
     }
 
     /// Hands a connection to the thread with the fewest open. A connection that cannot be
-    /// moved off the acceptor's runtime is closed, and logged.
+    /// moved off the acceptor's runtime, or that no thread is left to take, is closed and
+    /// logged.
     pub(crate) fn dispatch(
         &mut self,
         stream: TcpStream,
@@ -116,35 +144,69 @@ impl Threads {
                 return;
             }
         };
+        let mut accepted = Accepted { stream, peer, slot };
         let n = self.threads.len();
-        let Some(pick) = (0..n)
-            .map(|i| (self.next + i) % n)
-            .min_by_key(|&i| self.threads[i].open.load(Ordering::Relaxed))
-        else {
-            return;
-        };
-        self.next = (pick + 1) % n;
-        let thread = &self.threads[pick];
-        thread.open.fetch_add(1, Ordering::Relaxed);
-        if thread
-            .connections
-            .send(Accepted { stream, peer, slot })
-            .is_err()
-        {
-            // Only a thread whose runtime panicked stops receiving; its count stays up, so
-            // the others get the connections from now on.
-            tracing::error!(thread = pick, %peer, "a serving thread is gone; connection closed");
+        loop {
+            let pick = (0..n)
+                .map(|i| (self.next + i) % n)
+                .min_by_key(|&i| self.threads[i].open.load(Ordering::Relaxed))
+                .filter(|&i| self.threads[i].open.load(Ordering::Relaxed) != GONE);
+            let Some(pick) = pick else {
+                tracing::error!(%peer, "no serving thread is left; connection closed");
+                return;
+            };
+            self.next = (pick + 1) % n;
+            let thread = &self.threads[pick];
+            thread.open.fetch_add(1, Ordering::Relaxed);
+            match thread.connections.send(accepted) {
+                Ok(()) => return,
+                Err(mpsc::error::SendError(back)) => {
+                    // Only a thread whose runtime panicked stops receiving: never again.
+                    tracing::error!(
+                        thread = pick,
+                        "a serving thread is gone; its connections go to the others"
+                    );
+                    thread.open.store(GONE, Ordering::Relaxed);
+                    accepted = back;
+                }
+            }
         }
     }
 
-    /// Stops handing out connections and waits for every thread to drain. `false` if some
-    /// requests were still under way when their thread's shutdown timeout ran out.
+    /// Stops handing out connections, lets every thread drain at once, then stops and joins
+    /// them. `false` if some requests were still under way when the shutdown timeout ran out
+    /// (or a thread could not say).
     pub(crate) async fn drain(self) -> bool {
-        let mut all = true;
-        for thread in self.threads {
+        let Threads {
+            threads, release, ..
+        } = self;
+        let mut waiting = Vec::with_capacity(threads.len());
+        let mut handles = Vec::with_capacity(threads.len());
+        for thread in threads {
             drop(thread.connections);
-            all &= thread.drained.await.unwrap_or(false);
+            waiting.push(thread.drained);
+            handles.push(thread.handle);
         }
+        // Each thread bounds its own drain; the margin only guards against one that cannot
+        // answer at all.
+        let all = tokio::time::timeout(self.drain + RUNTIME_SHUTDOWN, async {
+            let mut all = true;
+            for drained in waiting {
+                all &= drained.await.unwrap_or(false);
+            }
+            all
+        })
+        .await
+        .unwrap_or(false);
+        let _ = release.send(true);
+        let joined = tokio::task::spawn_blocking(move || {
+            for handle in handles {
+                if handle.join().is_err() {
+                    tracing::error!("a serving thread panicked");
+                }
+            }
+        });
+        let _ = joined.await;
         all
     }
 }
@@ -320,12 +382,26 @@ mod tests {
         assert!(answer.await.expect("request").starts_with("idem-serve-"));
         assert!(h.done.await.expect("acceptor"), "drained in time");
 
-        // A request that outlives the timeout: the drain says so.
-        let h = start(1, Duration::from_secs(10), Duration::from_millis(200)).await;
-        let mut send = connect(h.addr).await;
-        let _pending = tokio::spawn(async move { ask(&mut send).await });
+        // Requests that outlive the timeout on every thread: the threads drain at once, so
+        // shutdown takes the timeout, not the timeout once per thread (4 × 500 ms); and the
+        // drain says it ran out.
+        let h = start(4, Duration::from_secs(10), Duration::from_millis(500)).await;
+        let mut pending = Vec::new();
+        for _ in 0..4 {
+            let mut send = connect(h.addr).await;
+            pending.push(tokio::spawn(async move { ask(&mut send).await }));
+        }
         tokio::time::sleep(Duration::from_millis(100)).await;
+        let began = std::time::Instant::now();
         let _ = h.stop.send(());
         assert!(!h.done.await.expect("acceptor"), "reported as not drained");
+        let took = began.elapsed();
+        assert!(
+            took < Duration::from_millis(1_500),
+            "shutdown took {took:?}"
+        );
+        for request in pending {
+            assert!(request.await.is_err(), "cut off, not answered");
+        }
     }
 }

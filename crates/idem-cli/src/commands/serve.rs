@@ -17,6 +17,7 @@ pub(crate) async fn run(args: ServeArgs) -> Result<()> {
         upstream_ca: args.upstream_ca,
         store: args.store,
         admin_listen: args.admin_listen,
+        threads: args.threads,
     };
     // The store URL was checked (and its default taken) while resolving the settings.
     let settings = Settings::resolve(file, overrides)?;
