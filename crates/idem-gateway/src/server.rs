@@ -303,16 +303,17 @@ async fn accept_loop<L: Listener>(
     }
 }
 
-/// Serves one connection on this runtime with `service`, under `graceful`; the slot is
-/// given back when it closes. A connection that does not send a request's headers within
-/// the builder's header read timeout is closed, so stalled clients free their slots.
-fn serve_connection<I, S, B>(
+/// Serves one connection on this runtime with `service`, under `graceful`; `held` (the
+/// connection cap's slot, and whatever else counts the connection) is dropped when it
+/// closes. A connection that does not send a request's headers within the builder's header
+/// read timeout is closed, so stalled clients free their slots.
+pub(crate) fn serve_connection<I, S, B>(
     name: &'static str,
     builder: &http1::Builder,
     graceful: &GracefulShutdown,
     io: I,
     service: S,
-    slot: OwnedSemaphorePermit,
+    held: impl Send + 'static,
 ) where
     I: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
     S: hyper::service::HttpService<Incoming, ResBody = B> + Send + 'static,
@@ -326,7 +327,7 @@ fn serve_connection<I, S, B>(
         if let Err(e) = conn.await {
             tracing::debug!(listener = name, error = %e, "connection ended with an error");
         }
-        drop(slot);
+        drop(held);
     });
 }
 

@@ -22,10 +22,11 @@ use std::time::Duration;
 use anyhow::{Context, Result};
 use hyper::body::Incoming;
 use hyper::server::conn::http1;
-use hyper_util::rt::TokioIo;
 use hyper_util::server::graceful::GracefulShutdown;
 use tokio::net::TcpStream;
 use tokio::sync::{OwnedSemaphorePermit, mpsc, oneshot, watch};
+
+use crate::server::serve_connection;
 
 /// A connection accepted on the caller's runtime, on its way to a serving thread.
 struct Accepted {
@@ -211,6 +212,15 @@ impl Threads {
     }
 }
 
+/// One of a thread's open connections: the count goes down when it is dropped.
+struct Open(Arc<AtomicUsize>);
+
+impl Drop for Open {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
 /// What a serving thread runs.
 struct Serving {
     builder: http1::Builder,
@@ -236,27 +246,20 @@ impl Serving {
     {
         let graceful = GracefulShutdown::new();
         while let Some(Accepted { stream, peer, slot }) = accepted.recv().await {
+            // Counted open until the connection closes, however it ends.
+            let held = (slot, Open(self.open.clone()));
             // Registers the socket with this thread's reactor.
-            let stream = match TcpStream::from_std(stream) {
-                Ok(s) => s,
-                Err(e) => {
-                    tracing::warn!(error = %e, %peer, "cannot serve the connection; closed");
-                    self.open.fetch_sub(1, Ordering::Relaxed);
-                    continue;
-                }
-            };
-            let conn = self
-                .builder
-                .serve_connection(TokioIo::new(stream), make_service(peer));
-            let conn = graceful.watch(conn);
-            let open = self.open.clone();
-            tokio::spawn(async move {
-                if let Err(e) = conn.await {
-                    tracing::debug!(listener = "proxy", error = %e, "connection ended with an error");
-                }
-                open.fetch_sub(1, Ordering::Relaxed);
-                drop(slot);
-            });
+            match TcpStream::from_std(stream) {
+                Ok(stream) => serve_connection(
+                    "proxy",
+                    &self.builder,
+                    &graceful,
+                    stream,
+                    make_service(peer),
+                    held,
+                ),
+                Err(e) => tracing::warn!(error = %e, %peer, "cannot serve the connection; closed"),
+            }
         }
         tokio::time::timeout(self.drain, graceful.shutdown())
             .await
@@ -271,6 +274,7 @@ mod tests {
 
     use http_body_util::{BodyExt, Empty, Full};
     use hyper::client::conn::http1 as client;
+    use hyper_util::rt::TokioIo;
     use tokio::net::TcpListener;
     use tokio::sync::Semaphore;
 

@@ -122,14 +122,15 @@ impl PathPattern {
         let body = path.strip_prefix('/').unwrap_or(path);
         // A trailing slash is not a segment of its own: /v1/charges/ is /v1/charges. The root
         // has no segments; "//" has one, empty.
+        let trimmed = body.strip_suffix('/').unwrap_or(body);
         let parts = match body {
             "" => 0,
-            _ => body.strip_suffix('/').unwrap_or(body).split('/').count(),
+            _ => trimmed.split('/').count(),
         };
         if parts < self.segments.len() || (!self.rest && parts != self.segments.len()) {
             return false;
         }
-        let mut given = body.strip_suffix('/').unwrap_or(body).split('/');
+        let mut given = trimmed.split('/');
         self.segments.iter().enumerate().all(|(i, seg)| {
             let part = given.next().unwrap_or_default();
             match seg {
