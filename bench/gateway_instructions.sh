@@ -1,21 +1,25 @@
 #!/usr/bin/env bash
 # Instructions per request inside `idem serve` (all its threads, user space), under callgrind:
 # counts that stay the same run after run on a busy machine, unlike requests per second.
-# Memory store, an nginx upstream answering 201 (as in bench/gateway.sh), new keys and replays.
+# The memory store unless STORE says otherwise, an nginx upstream answering 201 (as in
+# bench/gateway.sh), new keys and replays.
 # After a warm-up the counters are zeroed, wrk -t1 -c8 runs DURATION seconds, the counters are
 # dumped, and their total is divided by the requests wrk completed. Needs valgrind, wrk and
 # nginx (Debian: apt-get install valgrind wrk nginx). Loopback only.
 #
-#   bash bench/gateway_instructions.sh [DURATION_SECONDS=10]
+#   bash bench/gateway_instructions.sh [DURATION_SECONDS=10] [STORE=memory:]
 #   IDEM_BIN=/path/to/idem bash bench/gateway_instructions.sh    # another build's binary
+# e.g. STORE: "redis://127.0.0.1:6379/?prefix=idem-bench-instr&durability=volatile"
 #   KEEP=1 ...    # keep the callgrind files (printed) for callgrind_annotate --inclusive=yes
 set -euo pipefail
 cd "$(dirname "$0")/.."
 DURATION=${1:-10}
+STORE=${2:-memory:}
 WORK=$(mktemp -d)
 cleanup() {
   kill $(jobs -p) 2>/dev/null || true
   nginx -p "$WORK" -c nginx.conf -s stop 2>/dev/null || true
+  redis-cli --scan --pattern 'idem-bench-instr:*' 2>/dev/null | xargs -r -n 1000 redis-cli del >/dev/null 2>&1 || true
   [ -n "${KEEP:-}" ] || rm -rf "$WORK"
 }
 trap cleanup EXIT
@@ -30,7 +34,7 @@ measure() { # label script
   local out="$WORK/callgrind.$2"
   IDEM_LOG=error valgrind --tool=callgrind --callgrind-out-file="$out" "$IDEM" serve \
     --listen 127.0.0.1:18103 --admin-listen 127.0.0.1:18113 --upstream http://127.0.0.1:18101 \
-    --store memory: --config "$WORK/idem.toml" >/dev/null 2>"$out.log" &
+    --store "$STORE" --config "$WORK/idem.toml" >/dev/null 2>"$out.log" &
   local pid=$!
   for _ in $(seq 1 120); do curl -s -o /dev/null http://127.0.0.1:18113/healthz && break; sleep 0.5; done
   curl -s -o /dev/null -X POST http://127.0.0.1:18103/v1/charges -H 'Idempotency-Key: bench-replay' \
@@ -47,7 +51,7 @@ measure() { # label script
   [ -z "${KEEP:-}" ] || echo "  (profile: $out.1)"
 }
 
-echo "| idem serve, memory store | requests counted | instructions per request |"
+echo "| idem serve, store $STORE | requests counted | instructions per request |"
 echo "|---|---:|---:|"
 measure "new keys" new.lua
 measure "replays" same.lua

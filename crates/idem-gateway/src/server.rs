@@ -59,11 +59,24 @@ pub async fn serve<St: Store + ListRecords + Clone>(
         .with_context(|| format!("cannot listen on {} (admin)", settings.admin_listen))?;
     let builder = connection_builder(&settings);
     let layer = IdempotencyLayer::new(store.clone(), settings.layer.clone());
-    let services = proxies
+    let prepare = proxies
         .into_iter()
-        .map(|proxy| proxied(layer.layer(proxy)))
+        .map(|proxy| {
+            let layer = layer.clone();
+            // On the serving thread: its own store connection where the store has one to
+            // drive (Redis), so a store call does not cross threads; waiters and the
+            // completed-record cache stay shared.
+            move || async move {
+                let store = layer
+                    .store()
+                    .for_this_runtime()
+                    .await
+                    .context("cannot open the store")?;
+                Ok(proxied(layer.with_store(store).layer(proxy)))
+            }
+        })
         .collect();
-    let mut threads = Threads::start(services, &builder, settings.shutdown_timeout)?;
+    let mut threads = Threads::start(prepare, &builder, settings.shutdown_timeout).await?;
     on_bound(Bound {
         listen: listener.local_addr()?,
         admin: admin_listener.local_addr()?,

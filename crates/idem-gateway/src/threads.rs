@@ -68,17 +68,22 @@ pub(crate) struct Threads {
 }
 
 impl Threads {
-    /// Starts one thread per entry of `services`, each serving the connections handed to it
-    /// with `builder` and the services its entry makes (one per peer). When the acceptor
-    /// stops ([`Threads::drain`]), each thread stops reading new requests and gives the
-    /// requests under way `drain` to finish.
-    pub(crate) fn start<M, S, B>(
-        services: Vec<M>,
+    /// Starts one thread per entry of `prepare`. Each thread first runs its entry on its own
+    /// runtime, which makes the services it serves connections with (one per peer), so that
+    /// what they open there (a store connection of the thread's own,
+    /// [`Store::for_this_runtime`](idem_core::Store::for_this_runtime)) is driven by that
+    /// thread. Returns once every thread is ready, or the first preparation's error, with
+    /// every thread stopped. When the acceptor stops ([`Threads::drain`]), each thread stops
+    /// reading new requests and gives the requests under way `drain` to finish.
+    pub(crate) async fn start<P, F, M, S, B>(
+        prepare: Vec<P>,
         builder: &http1::Builder,
         drain: Duration,
     ) -> Result<Self>
     where
-        M: Fn(SocketAddr) -> S + Send + 'static,
+        P: FnOnce() -> F + Send + 'static,
+        F: Future<Output = Result<M>>,
+        M: Fn(SocketAddr) -> S,
         S: hyper::service::HttpService<Incoming, ResBody = B> + Send + 'static,
         S::Future: Send + 'static,
         B: http_body::Body + Send + 'static,
@@ -86,14 +91,16 @@ impl Threads {
         B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
     {
         let (release, released) = watch::channel(false);
-        let mut threads = Vec::with_capacity(services.len());
-        for (i, make_service) in services.into_iter().enumerate() {
+        let mut threads = Vec::with_capacity(prepare.len());
+        let mut readiness = Vec::with_capacity(prepare.len());
+        for (i, prepare) in prepare.into_iter().enumerate() {
             // Built here, so a failure is the caller's error at startup, not a dead thread.
             let runtime = tokio::runtime::Builder::new_current_thread()
                 .enable_all()
                 .build()
                 .context("cannot start a serving thread's runtime")?;
             let (connections, accepted) = mpsc::unbounded_channel();
+            let (ready, is_ready) = oneshot::channel::<Result<()>>();
             let (done, drained) = oneshot::channel();
             let open = Arc::new(AtomicUsize::new(0));
             let serving = Serving {
@@ -106,6 +113,14 @@ impl Threads {
                 .name(format!("idem-serve-{i}"))
                 .spawn(move || {
                     runtime.block_on(async {
+                        let make_service = match prepare().await {
+                            Ok(m) => m,
+                            Err(e) => {
+                                let _ = ready.send(Err(e));
+                                return;
+                            }
+                        };
+                        let _ = ready.send(Ok(()));
                         let finished = serving.run(accepted, make_service).await;
                         let _ = done.send(finished);
                         // An error: the acceptor is gone, so nobody is left to wait for.
@@ -114,6 +129,7 @@ impl Threads {
                     runtime.shutdown_timeout(RUNTIME_SHUTDOWN);
                 })
                 .context("cannot start a serving thread")?;
+            readiness.push(is_ready);
             threads.push(Thread {
                 connections,
                 open,
@@ -121,12 +137,22 @@ impl Threads {
                 handle,
             });
         }
-        Ok(Threads {
+        let threads = Threads {
             threads,
             next: 0,
             release,
             drain,
-        })
+        };
+        for (i, is_ready) in readiness.into_iter().enumerate() {
+            let failed = match is_ready.await {
+                Ok(Ok(())) => continue,
+                Ok(Err(e)) => e.context(format!("serving thread {i} could not start")),
+                Err(_) => anyhow::anyhow!("serving thread {i} stopped while starting"),
+            };
+            threads.drain().await;
+            return Err(failed);
+        }
+        Ok(threads)
     }
 
     /// Hands a connection to the thread with the fewest open. A connection that cannot be
@@ -312,11 +338,12 @@ mod tests {
     async fn start(threads: usize, delay: Duration, drain: Duration) -> Harness {
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
         let addr = listener.local_addr().expect("addr");
-        let services = (0..threads)
-            .map(|_| move |_peer| ThreadNamer { delay })
+        let prepare = (0..threads)
+            .map(|_| move || async move { Ok(move |_peer| ThreadNamer { delay }) })
             .collect();
-        let mut serving =
-            Threads::start(services, &http1::Builder::new(), drain).expect("threads start");
+        let mut serving = Threads::start(prepare, &http1::Builder::new(), drain)
+            .await
+            .expect("threads start");
         let (stop, mut stopped) = oneshot::channel::<()>();
         let done = tokio::spawn(async move {
             let slots = Arc::new(Semaphore::new(100));
@@ -374,6 +401,69 @@ mod tests {
         drop(conns);
         let _ = h.stop.send(());
         assert!(h.done.await.expect("acceptor"));
+    }
+
+    #[tokio::test]
+    async fn each_thread_prepares_on_its_own_runtime_and_a_failure_stops_them_all() {
+        // What a thread prepares is made on that thread (a store connection it will drive).
+        let (seen, mut names) = mpsc::unbounded_channel();
+        let prepare = (0..3)
+            .map(|_| {
+                let seen = seen.clone();
+                move || async move {
+                    let name = std::thread::current().name().map(str::to_owned);
+                    let _ = seen.send(name);
+                    Ok(|_peer| ThreadNamer {
+                        delay: Duration::ZERO,
+                    })
+                }
+            })
+            .collect::<Vec<_>>();
+        let threads = Threads::start(prepare, &http1::Builder::new(), Duration::from_secs(1))
+            .await
+            .expect("threads start");
+        let mut prepared = Vec::new();
+        for _ in 0..3 {
+            prepared.push(names.recv().await.flatten().expect("a named thread"));
+        }
+        prepared.sort();
+        assert_eq!(prepared, ["idem-serve-0", "idem-serve-1", "idem-serve-2"]);
+        assert!(threads.drain().await);
+
+        // One thread cannot prepare (its store is down): start fails with its error, and
+        // the threads that did start are stopped and joined before it returns.
+        // Each thread's services hold `alive` until the thread ends.
+        let alive = Arc::new(());
+        let prepare = (0..3)
+            .map(|i| {
+                let alive = alive.clone();
+                move || async move {
+                    if i == 1 {
+                        anyhow::bail!("the store is down");
+                    }
+                    Ok(move |_peer| {
+                        let _held = &alive;
+                        ThreadNamer {
+                            delay: Duration::ZERO,
+                        }
+                    })
+                }
+            })
+            .collect::<Vec<_>>();
+        let began = std::time::Instant::now();
+        let Err(e) = Threads::start(prepare, &http1::Builder::new(), Duration::from_secs(5)).await
+        else {
+            panic!("a thread that cannot prepare fails the start");
+        };
+        assert_eq!(
+            format!("{e:#}"),
+            "serving thread 1 could not start: the store is down"
+        );
+        assert!(
+            began.elapsed() < Duration::from_secs(5),
+            "no drain to wait out"
+        );
+        assert_eq!(Arc::strong_count(&alive), 1, "every thread has ended");
     }
 
     #[tokio::test]

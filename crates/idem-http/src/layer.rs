@@ -52,6 +52,18 @@ impl<St: Store> IdempotencyLayer<St> {
         }
     }
 
+    /// This layer over another handle on the same store ([`Store::for_this_runtime`]),
+    /// sharing its configuration, in-process waiters and completed-record cache.
+    #[must_use]
+    pub fn with_store(&self, store: St) -> Self {
+        IdempotencyLayer {
+            shared: Arc::new(Shared {
+                engine: self.shared.engine.with_store(store),
+                config: self.shared.config.clone(),
+            }),
+        }
+    }
+
     /// The store.
     pub fn store(&self) -> &St {
         self.shared.engine.store()

@@ -1,7 +1,7 @@
 //! Script replies read back into records. A reply idem cannot read is corrupt, never guessed.
 
 use idem_core::store::columns::Columns;
-use idem_core::{Record, StoreError, Timestamp};
+use idem_core::{FencingToken, Key, Record, Scope, StoreError, StoredResponse, Timestamp};
 use redis::Value;
 
 pub(crate) fn corrupt(what: impl std::fmt::Display) -> StoreError {
@@ -77,4 +77,43 @@ pub(crate) fn record(v: &Value) -> Result<Option<Record>, StoreError> {
         response: field("resp")?.map(bytes).transpose()?.map(<[u8]>::to_vec),
     };
     columns.into_record("redis").map(Some)
+}
+
+/// The record a completion made, from the complete script's `now, fp, cat, aat, lex, ret,
+/// att, rep` and what the caller already has: the scope, key, token and response.
+pub(crate) fn completed(
+    fields: &[Value],
+    scope: &Scope,
+    key: &Key,
+    token: FencingToken,
+    response: StoredResponse,
+) -> Result<Record, StoreError> {
+    let [now, fp, cat, aat, lex, ret, att, rep] = fields else {
+        return Err(corrupt(format!(
+            "complete returned {} fields, not now, fp, cat, aat, lex, ret, att, rep",
+            fields.len()
+        )));
+    };
+    let now = int(now)?;
+    let retention_ms = int(ret)?;
+    let columns = Columns {
+        scope: scope.as_str().to_owned(),
+        key: key.as_str().to_owned(),
+        fingerprint: bytes(fp)?.to_vec(),
+        token: token.as_i64(),
+        created_at: int(cat)?,
+        acquired_at: int(aat)?,
+        lease_expires_at: int(lex)?,
+        completed_at: Some(now),
+        completed_by: Some(0),
+        // As the script wrote it.
+        expires_at: now.saturating_add(retention_ms),
+        retention_ms,
+        attempts: int(att)?,
+        replays: int(rep)?,
+        response: None,
+    };
+    let mut record = columns.into_record("redis")?;
+    record.response = Some(response);
+    Ok(record)
 }

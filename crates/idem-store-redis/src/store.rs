@@ -22,14 +22,19 @@ use crate::scripts::Scripts;
 const MAX_MS: i64 = 1 << 50;
 
 /// The Redis [`Store`]. Cloning shares one multiplexed connection, which reconnects by
-/// itself when the server comes back.
+/// itself when the server comes back; [`Store::for_this_runtime`] opens another, driven by
+/// the caller's runtime, over the same records.
 #[derive(Clone)]
 pub struct RedisStore {
+    /// Driven by a task on the runtime that opened it.
+    con: ConnectionManager,
     inner: Arc<Inner>,
 }
 
 struct Inner {
-    con: ConnectionManager,
+    /// How to open another connection ([`Store::for_this_runtime`]).
+    client: redis::Client,
+    config: ConnectionManagerConfig,
     prefix: String,
     /// The index of completed records by expiry: a sorted set of record keys.
     index: String,
@@ -74,13 +79,7 @@ impl RedisStore {
             .set_response_timeout(Some(opts.op_timeout))
             .set_number_of_retries(2)
             .set_max_delay(Duration::from_millis(500));
-        let con = tokio::time::timeout(
-            opts.op_timeout,
-            ConnectionManager::new_with_config(client, config),
-        )
-        .await
-        .map_err(|_| unavailable("connect", "timed out"))?
-        .map_err(|e| unavailable("connect", e))?;
+        let con = open_connection(&client, &config, opts.op_timeout).await?;
         let index = format!("{}:expiry", opts.prefix);
         let warnings = shortfalls(&read_settings(&mut con.clone(), opts.op_timeout).await);
         if !warnings.is_empty() && opts.durability == Durability::Required {
@@ -90,8 +89,10 @@ impl RedisStore {
             tracing::warn!("redis store (durability=volatile): {w}");
         }
         Ok(RedisStore {
+            con,
             inner: Arc::new(Inner {
-                con,
+                client,
+                config,
                 prefix: opts.prefix,
                 index,
                 clock: opts.clock,
@@ -125,7 +126,10 @@ impl RedisStore {
     /// Deletes every key under the prefix; returns how many. For tests, and for an operator
     /// who means it.
     pub async fn delete_all(&self) -> Result<usize, StoreError> {
-        let mut con = self.inner.con.clone();
+        // After this process's index writes still on their way, which would otherwise
+        // recreate the index behind the scan.
+        drop(self.inner.indexing.write().await);
+        let mut con = self.con.clone();
         let pattern = format!("{}:*", self.inner.prefix);
         let mut keys: Vec<String> = Vec::new();
         {
@@ -165,17 +169,39 @@ impl RedisStore {
 
     /// Runs a script within the operation timeout.
     async fn run(&self, invocation: ScriptInvocation<'_>) -> Result<Value, StoreError> {
-        let mut con = self.inner.con.clone();
-        match tokio::time::timeout(self.inner.op_timeout, invocation.invoke_async(&mut con)).await {
-            Ok(r) => r.map_err(|e| unavailable("script", e)),
-            Err(_) => Err(unavailable("script", "timed out")),
-        }
+        self.invoke(&invocation)
+            .await?
+            .map_err(|e| unavailable("script", e))
+    }
+
+    /// Runs a script that only reads, once more if the connection turned out dropped (the
+    /// server restarted while it sat idle, as the admin's connection does between lookups):
+    /// the failed call is what makes the connection manager reconnect, and a read is safe to
+    /// repeat. Writes are not repeated: one may have been applied before the connection
+    /// dropped.
+    async fn run_read(&self, invocation: ScriptInvocation<'_>) -> Result<Value, StoreError> {
+        let answer = match self.invoke(&invocation).await? {
+            Err(e) if e.is_connection_dropped() => self.invoke(&invocation).await?,
+            answer => answer,
+        };
+        answer.map_err(|e| unavailable("script", e))
+    }
+
+    /// One invocation on this handle's connection, bounded by the operation timeout.
+    async fn invoke(
+        &self,
+        invocation: &ScriptInvocation<'_>,
+    ) -> Result<redis::RedisResult<Value>, StoreError> {
+        let mut con = self.con.clone();
+        tokio::time::timeout(self.inner.op_timeout, invocation.invoke_async(&mut con))
+            .await
+            .map_err(|_| unavailable("script", "timed out"))
     }
 
     /// Adds a completed record to the expiry index. A crash before this leaves the record
     /// to Redis's own expiry, which the script set already.
     async fn index(&self, record_key: &str, expires_at: Timestamp) -> Result<(), StoreError> {
-        let mut con = self.inner.con.clone();
+        let mut con = self.con.clone();
         let added = con.zadd::<_, _, _, ()>(&self.inner.index, record_key, expires_at.as_millis());
         match tokio::time::timeout(self.inner.op_timeout, added).await {
             Ok(r) => r.map_err(|e| unavailable("index", e)),
@@ -209,7 +235,7 @@ impl RedisStore {
 
     /// A handle on the shared multiplexed connection.
     pub(crate) fn connection(&self) -> ConnectionManager {
-        self.inner.con.clone()
+        self.con.clone()
     }
 
     /// The bound on each round trip.
@@ -221,13 +247,28 @@ impl RedisStore {
         if let Some(c) = &self.inner.clock {
             return Ok(c.now());
         }
-        let mut con = self.inner.con.clone();
+        let mut con = self.con.clone();
         let (secs, micros): (i64, i64) = redis::cmd("TIME")
             .query_async(&mut con)
             .await
             .map_err(|e| unavailable("time", e))?;
         Ok(Timestamp::from_millis(secs * 1000 + micros / 1000))
     }
+}
+
+/// Opens a multiplexed connection, driven by a task on the current runtime, within `timeout`.
+async fn open_connection(
+    client: &redis::Client,
+    config: &ConnectionManagerConfig,
+    timeout: Duration,
+) -> Result<ConnectionManager, StoreError> {
+    tokio::time::timeout(
+        timeout,
+        ConnectionManager::new_with_config(client.clone(), config.clone()),
+    )
+    .await
+    .map_err(|_| unavailable("connect", "timed out"))?
+    .map_err(|e| unavailable("connect", e))
 }
 
 type Settings = std::collections::HashMap<String, String>;
@@ -383,12 +424,7 @@ impl Store for RedisStore {
         let items = reply::items(self.run(inv).await?)?;
         match status(&items)? {
             "ok" => {
-                let rec = items
-                    .get(2)
-                    .map(reply::record)
-                    .transpose()?
-                    .flatten()
-                    .ok_or_else(|| corrupt("complete returned no record"))?;
+                let rec = reply::completed(&items[1..], scope, key, token, response)?;
                 self.index_soon(k, rec.expires_at).await;
                 Ok(rec)
             }
@@ -438,7 +474,7 @@ impl Store for RedisStore {
     async fn get(&self, scope: &Scope, key: &Key) -> Result<Option<Record>, StoreError> {
         let mut inv = self.inner.scripts.get.prepare_invoke();
         inv.key(self.record_key(scope, key)).arg(self.now_arg());
-        let items = reply::items(self.run(inv).await?)?;
+        let items = reply::items(self.run_read(inv).await?)?;
         let [now, rec] = items.as_slice() else {
             return Err(corrupt("get reply is not [now, record]"));
         };
@@ -449,7 +485,7 @@ impl Store for RedisStore {
         // Every completion acknowledged so far is indexed before the index is read.
         drop(self.inner.indexing.write().await);
         let now = self.redis_now().await?;
-        let mut con = self.inner.con.clone();
+        let mut con = self.con.clone();
         let mut deleted = 0;
         while deleted < limit {
             let batch = isize::try_from(limit - deleted).unwrap_or(isize::MAX);
@@ -525,6 +561,23 @@ impl Store for RedisStore {
             }),
             other => Err(corrupt(format!("resolve status {other:?}"))),
         }
+    }
+
+    /// A connection of its own, driven by the caller's runtime: a command from a serving
+    /// thread is written and answered there, not by the runtime that connected first. The
+    /// scripts, the prefix, the clock and the purge's view of pending index writes are
+    /// shared.
+    async fn for_this_runtime(&self) -> Result<Self, StoreError> {
+        let con = open_connection(
+            &self.inner.client,
+            &self.inner.config,
+            self.inner.op_timeout,
+        )
+        .await?;
+        Ok(RedisStore {
+            con,
+            inner: self.inner.clone(),
+        })
     }
 }
 

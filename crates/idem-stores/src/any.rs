@@ -111,6 +111,13 @@ impl Store for AnyStore {
     ) -> Result<Option<Record>, StoreError> {
         dispatch!(self, s => s.resolve(scope, key, resolution))
     }
+
+    async fn for_this_runtime(&self) -> Result<Self, StoreError> {
+        match self {
+            AnyStore::Redis(s) => Ok(AnyStore::Redis(s.for_this_runtime().await?)),
+            AnyStore::Memory(_) | AnyStore::Sqlite(_) | AnyStore::Postgres(_) => Ok(self.clone()),
+        }
+    }
 }
 
 impl ListRecords for AnyStore {

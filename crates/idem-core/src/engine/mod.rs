@@ -158,6 +158,19 @@ impl<S: Store> Engine<S> {
         }
     }
 
+    /// This engine over another handle on the same store ([`Store::for_this_runtime`]):
+    /// the in-process waiters, the completed-record cache and the poll interval are shared,
+    /// so a duplicate still waits for an execution that runs through the other handle.
+    #[must_use]
+    pub fn with_store(&self, store: S) -> Self {
+        Engine {
+            store: MeteredStore::new(store),
+            waiters: self.waiters.clone(),
+            poll_interval: self.poll_interval,
+            completed: self.completed.clone(),
+        }
+    }
+
     /// The completed-record cache, if the engine has one.
     pub const fn cache(&self) -> Option<&CompletedCache> {
         self.completed.as_ref()
@@ -1140,6 +1153,46 @@ mod tests {
         assert!(matches!(no_wait.await, Ok(Answer::InFlight(_))));
         let _ = tx.send(());
         assert_eq!(blocker.await.unwrap().unwrap(), Outcome::Executed);
+    }
+
+    /// An engine over another handle on the store (a serving thread's) shares the waiters
+    /// and the cache: a duplicate through it is woken by the execution through the first,
+    /// not left to a poll that here would take 30 s, and replays from the shared cache.
+    #[tokio::test]
+    async fn an_engine_with_another_store_handle_shares_waiters_and_cache() {
+        let store = MemoryStore::new();
+        let a = Engine::new(store.clone())
+            .with_poll_interval(Duration::from_secs(30))
+            .with_cache_bytes(1 << 20);
+        let b = a.with_store(store);
+        let waits = Policy {
+            wait: Some(Duration::from_secs(60)),
+            ..Policy::default()
+        };
+        let (started_tx, started) = tokio::sync::oneshot::channel();
+        let first = {
+            let (a, waits) = (a.clone(), waits.clone());
+            tokio::spawn(async move {
+                let run = a.run(Scope::anonymous(), k("h"), fp(1), &waits, || async {
+                    let _ = started_tx.send(());
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    (Effect::Done(StoredResponse::new(201, "first")), ())
+                });
+                run.await.map(|answer| answer.outcome())
+            })
+        };
+        let _ = started.await;
+        let dup = b.run(Scope::anonymous(), k("h"), fp(1), &waits, || async {
+            (Effect::Done(StoredResponse::new(200, "dup")), ())
+        });
+        match tokio::time::timeout(Duration::from_secs(5), dup).await {
+            Ok(Ok(Answer::Replayed(r))) => {
+                assert_eq!(r.response, Some(StoredResponse::new(201, "first")));
+            }
+            other => panic!("the duplicate is woken and replays, got {other:?}"),
+        }
+        assert_eq!(first.await.unwrap().unwrap(), Outcome::Executed);
+        assert_eq!(b.cache().map(CompletedCache::len), Some(1), "one cache");
     }
 
     /// `begin` and `finish` are `run` in two halves, for a binding whose function runs on

@@ -182,6 +182,21 @@ pub trait Store: Send + Sync + 'static {
         key: &Key,
         resolution: Resolution,
     ) -> impl Future<Output = Result<Option<Record>, StoreError>> + Send;
+
+    /// A handle on the same records for callers on the runtime this is awaited on.
+    ///
+    /// A store whose connection is driven by a task of its own (Redis's multiplexed
+    /// connection) runs that task on the runtime that opened it, so every call from another
+    /// runtime crosses threads twice: there to be written, back to be answered. A caller with
+    /// a runtime per thread (`idem serve`'s serving threads) takes one handle per thread, and
+    /// such a store opens a connection driven by that thread; records, fencing and clock stay
+    /// the store's. Every other store answers a clone.
+    fn for_this_runtime(&self) -> impl Future<Output = Result<Self, StoreError>> + Send
+    where
+        Self: Sized + Clone,
+    {
+        std::future::ready(Ok(self.clone()))
+    }
 }
 
 /// Removes `name=value` from a store URL's query; returns the URL without it and the value.

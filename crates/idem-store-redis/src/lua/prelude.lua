@@ -17,11 +17,12 @@ local function live(tok, exp)
   return tok and ((not exp) or tonumber(exp) > now)
 end
 -- The fenced check of machine.rs for ARGV[2]: nil when the caller may act, else why not.
--- Returns the record's retention too, which completions need.
-local function fenced()
-  local f = redis.call('HMGET', k, 'tok', 'exp', 'comp', 'ret')
+-- Returns the record's retention too, which completions need, and the fields read: 'tok',
+-- 'exp', 'comp', 'ret', then the extra fields the caller names, in one HMGET.
+local function fenced(...)
+  local f = redis.call('HMGET', k, 'tok', 'exp', 'comp', 'ret', ...)
   if not live(f[1], f[2]) then return 'absent' end
   if f[1] ~= ARGV[2] then return 'superseded' end
   if f[3] then return 'completed' end
-  return nil, tonumber(f[4])
+  return nil, tonumber(f[4]), f
 end
