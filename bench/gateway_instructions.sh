@@ -9,7 +9,9 @@
 #
 #   bash bench/gateway_instructions.sh [DURATION_SECONDS=10] [STORE=memory:]
 #   IDEM_BIN=/path/to/idem bash bench/gateway_instructions.sh    # another build's binary
-# e.g. STORE: "redis://127.0.0.1:6379/?prefix=idem-bench-instr&durability=volatile"
+# e.g. STORE: "redis://127.0.0.1:6379/?prefix=idem-bench-instr&durability=volatile",
+#   "postgres://postgres@127.0.0.1:5432/test?schema=idem_bench_instr", "sqlite:/tmp/x.db"
+#   (that prefix and schema are deleted at exit)
 #   KEEP=1 ...    # keep the callgrind files (printed) for callgrind_annotate --inclusive=yes
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -20,6 +22,7 @@ cleanup() {
   kill $(jobs -p) 2>/dev/null || true
   nginx -p "$WORK" -c nginx.conf -s stop 2>/dev/null || true
   redis-cli --scan --pattern 'idem-bench-instr:*' 2>/dev/null | xargs -r -n 1000 redis-cli del >/dev/null 2>&1 || true
+  psql -q postgres://postgres@127.0.0.1:5432/test -c 'DROP SCHEMA IF EXISTS idem_bench_instr CASCADE' >/dev/null 2>&1 || true
   [ -n "${KEEP:-}" ] || rm -rf "$WORK"
 }
 trap cleanup EXIT
