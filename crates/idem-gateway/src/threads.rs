@@ -8,7 +8,9 @@
 //! (docs/benchmarks.md, "Issue 16, third pass"). Here a connection is handed to one thread
 //! when it is accepted and every task it spawns stays there: the connection, the request's
 //! detached execution, its lease heartbeat, and the upstream connection it borrows from that
-//! thread's pool. The store, the completed-record cache and the connection cap are shared.
+//! thread's pool. The store's records, the completed-record cache and the connection cap are
+//! shared; a store whose connection a task drives gives each thread a connection of its own
+//! (`Store::for_this_runtime`, opened by the thread's preparation in `server.rs`).
 //!
 //! One acceptor (on the caller's runtime) hands each connection to the thread with the
 //! fewest open, so load spreads evenly whatever the clients' addresses; `SO_REUSEPORT` would
@@ -91,9 +93,17 @@ impl Threads {
         B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
     {
         let (release, released) = watch::channel(false);
-        let mut threads = Vec::with_capacity(prepare.len());
+        let mut started = Threads {
+            threads: Vec::with_capacity(prepare.len()),
+            next: 0,
+            release,
+            drain,
+        };
         let mut readiness = Vec::with_capacity(prepare.len());
-        for (i, prepare) in prepare.into_iter().enumerate() {
+        // Starts serving thread `i`: its runtime runs `prepare`, says through the returned
+        // receiver whether that worked, then serves what it is handed until `drain`, and
+        // keeps running until `released`.
+        let spawn = |i: usize, prepare: P, mut released: watch::Receiver<bool>| {
             // Built here, so a failure is the caller's error at startup, not a dead thread.
             let runtime = tokio::runtime::Builder::new_current_thread()
                 .enable_all()
@@ -108,7 +118,6 @@ impl Threads {
                 open: open.clone(),
                 drain,
             };
-            let mut released = released.clone();
             let handle = std::thread::Builder::new()
                 .name(format!("idem-serve-{i}"))
                 .spawn(move || {
@@ -129,30 +138,36 @@ impl Threads {
                     runtime.shutdown_timeout(RUNTIME_SHUTDOWN);
                 })
                 .context("cannot start a serving thread")?;
-            readiness.push(is_ready);
-            threads.push(Thread {
+            let thread = Thread {
                 connections,
                 open,
                 drained,
                 handle,
-            });
-        }
-        let threads = Threads {
-            threads,
-            next: 0,
-            release,
-            drain,
+            };
+            Ok((thread, is_ready))
         };
+        for (i, prepare) in prepare.into_iter().enumerate() {
+            match spawn(i, prepare, released.clone()) {
+                Ok((thread, is_ready)) => {
+                    started.threads.push(thread);
+                    readiness.push(is_ready);
+                }
+                Err(e) => {
+                    started.drain().await;
+                    return Err(e);
+                }
+            }
+        }
         for (i, is_ready) in readiness.into_iter().enumerate() {
             let failed = match is_ready.await {
                 Ok(Ok(())) => continue,
                 Ok(Err(e)) => e.context(format!("serving thread {i} could not start")),
                 Err(_) => anyhow::anyhow!("serving thread {i} stopped while starting"),
             };
-            threads.drain().await;
+            started.drain().await;
             return Err(failed);
         }
-        Ok(threads)
+        Ok(started)
     }
 
     /// Hands a connection to the thread with the fewest open. A connection that cannot be

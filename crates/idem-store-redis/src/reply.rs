@@ -39,20 +39,27 @@ pub(crate) fn timestamp(v: &Value) -> Result<Timestamp, StoreError> {
     int(v).map(Timestamp::from_millis)
 }
 
-/// The record in an HGETALL reply (field, value, field, value...), or `None` when empty.
+/// The record in an HGETALL reply, or `None` when empty: (field, value, field, value...) as
+/// scripts return it, or a map as the command itself answers on RESP3.
 pub(crate) fn record(v: &Value) -> Result<Option<Record>, StoreError> {
-    let Value::Array(flat) = v else {
-        return Err(corrupt(format!("expected fields, got {v:?}")));
+    let pairs: Vec<(&Value, &Value)> = match v {
+        Value::Array(flat) => flat
+            .chunks(2)
+            .filter_map(|pair| match pair {
+                [k, v] => Some((k, v)),
+                _ => None,
+            })
+            .collect(),
+        Value::Map(map) => map.iter().map(|(k, v)| (k, v)).collect(),
+        other => return Err(corrupt(format!("expected fields, got {other:?}"))),
     };
-    if flat.is_empty() {
+    if pairs.is_empty() {
         return Ok(None);
     }
     let field = |name: &str| -> Result<Option<&Value>, StoreError> {
-        for pair in flat.chunks(2) {
-            if let [k, v] = pair
-                && bytes(k)? == name.as_bytes()
-            {
-                return Ok(Some(v));
+        for (k, v) in &pairs {
+            if bytes(k)? == name.as_bytes() {
+                return Ok(Some(*v));
             }
         }
         Ok(None)

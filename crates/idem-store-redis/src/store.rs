@@ -73,7 +73,7 @@ impl RedisStore {
     /// configuration can lose an acknowledged claim or evict a record, naming the settings to
     /// change, unless `opts.durability` is [`Durability::Volatile`].
     pub async fn connect(opts: RedisOptions) -> Result<Self, StoreError> {
-        let client = redis::Client::open(opts.url.as_str()).map_err(|e| unavailable("url", e))?;
+        let client = client(&opts.url)?;
         let config = ConnectionManagerConfig::new()
             .set_connection_timeout(Some(opts.op_timeout))
             .set_response_timeout(Some(opts.op_timeout))
@@ -128,7 +128,7 @@ impl RedisStore {
     pub async fn delete_all(&self) -> Result<usize, StoreError> {
         // After this process's index writes still on their way, which would otherwise
         // recreate the index behind the scan.
-        drop(self.inner.indexing.write().await);
+        self.indexed().await?;
         let mut con = self.con.clone();
         let pattern = format!("{}:*", self.inner.prefix);
         let mut keys: Vec<String> = Vec::new();
@@ -169,33 +169,30 @@ impl RedisStore {
 
     /// Runs a script within the operation timeout.
     async fn run(&self, invocation: ScriptInvocation<'_>) -> Result<Value, StoreError> {
-        self.invoke(&invocation)
-            .await?
-            .map_err(|e| unavailable("script", e))
+        let mut con = self.con.clone();
+        match tokio::time::timeout(self.inner.op_timeout, invocation.invoke_async(&mut con)).await {
+            Ok(r) => r.map_err(|e| unavailable("script", e)),
+            Err(_) => Err(unavailable("script", "timed out")),
+        }
     }
 
     /// Runs a script that only reads, once more if the connection turned out dropped (the
-    /// server restarted while it sat idle, as the admin's connection does between lookups):
-    /// the failed call is what makes the connection manager reconnect, and a read is safe to
-    /// repeat. Writes are not repeated: one may have been applied before the connection
-    /// dropped.
+    /// server restarted and the connection had not yet heard, or could not reconnect then):
+    /// the failed call makes the connection manager reconnect, and a read is safe to repeat.
+    /// Both attempts share the one operation timeout. Writes are not repeated: one may have
+    /// been applied before the connection dropped.
     async fn run_read(&self, invocation: ScriptInvocation<'_>) -> Result<Value, StoreError> {
-        let answer = match self.invoke(&invocation).await? {
-            Err(e) if e.is_connection_dropped() => self.invoke(&invocation).await?,
-            answer => answer,
-        };
-        answer.map_err(|e| unavailable("script", e))
-    }
-
-    /// One invocation on this handle's connection, bounded by the operation timeout.
-    async fn invoke(
-        &self,
-        invocation: &ScriptInvocation<'_>,
-    ) -> Result<redis::RedisResult<Value>, StoreError> {
         let mut con = self.con.clone();
-        tokio::time::timeout(self.inner.op_timeout, invocation.invoke_async(&mut con))
-            .await
-            .map_err(|_| unavailable("script", "timed out"))
+        let attempts = async {
+            match invocation.invoke_async(&mut con).await {
+                Err(e) if e.is_connection_dropped() => invocation.invoke_async(&mut con).await,
+                answer => answer,
+            }
+        };
+        match tokio::time::timeout(self.inner.op_timeout, attempts).await {
+            Ok(r) => r.map_err(|e| unavailable("script", e)),
+            Err(_) => Err(unavailable("script", "timed out")),
+        }
     }
 
     /// Adds a completed record to the expiry index. A crash before this leaves the record
@@ -233,6 +230,19 @@ impl RedisStore {
         }
     }
 
+    /// Waits until every index write this process has started is done, within the operation
+    /// timeout: each runs as a task on the runtime of the handle that completed the record,
+    /// which may be stopped or busy.
+    async fn indexed(&self) -> Result<(), StoreError> {
+        match tokio::time::timeout(self.inner.op_timeout, self.inner.indexing.write()).await {
+            Ok(_) => Ok(()),
+            Err(_) => Err(unavailable(
+                "index",
+                "pending index writes did not finish in time",
+            )),
+        }
+    }
+
     /// A handle on the shared multiplexed connection.
     pub(crate) fn connection(&self) -> ConnectionManager {
         self.con.clone()
@@ -254,6 +264,28 @@ impl RedisStore {
             .map_err(|e| unavailable("time", e))?;
         Ok(Timestamp::from_millis(secs * 1000 + micros / 1000))
     }
+}
+
+/// The client for `url`, speaking RESP3 unless the URL names a protocol: on RESP3 the
+/// connection manager hears at once that the server closed a connection and reconnects,
+/// while on RESP2 it learns only when a call on that connection fails. With a connection per
+/// serving thread, most sit idle through a server restart, and a completion failed that way
+/// would leave its key abandoned though the effect ran. (`protocol=resp2` for a server
+/// older than Redis 6.)
+fn client(url: &str) -> Result<redis::Client, StoreError> {
+    let client = redis::Client::open(url).map_err(|e| unavailable("url", e))?;
+    if idem_core::store::take_url_param(url, "protocol")
+        .1
+        .is_some()
+    {
+        return Ok(client);
+    }
+    let info = client.get_connection_info().clone();
+    let settings = info
+        .redis_settings()
+        .clone()
+        .set_protocol(redis::ProtocolVersion::RESP3);
+    redis::Client::open(info.set_redis_settings(settings)).map_err(|e| unavailable("url", e))
 }
 
 /// Opens a multiplexed connection, driven by a task on the current runtime, within `timeout`.
@@ -279,14 +311,13 @@ async fn read_settings(con: &mut ConnectionManager, timeout: Duration) -> Result
     let read = async {
         let mut settings = Settings::new();
         for name in ["appendonly", "appendfsync", "maxmemory", "maxmemory-policy"] {
-            let pair: Vec<String> = redis::cmd("CONFIG")
+            // A map on RESP3, pairs in an array on RESP2: read as a map either way.
+            let pair: Settings = redis::cmd("CONFIG")
                 .arg("GET")
                 .arg(name)
                 .query_async(con)
                 .await?;
-            if let [k, v] = pair.as_slice() {
-                settings.insert(k.clone(), v.clone());
-            }
+            settings.extend(pair);
         }
         Ok::<_, redis::RedisError>(settings)
     };
@@ -483,7 +514,7 @@ impl Store for RedisStore {
 
     async fn purge_expired(&self, limit: usize) -> Result<usize, StoreError> {
         // Every completion acknowledged so far is indexed before the index is read.
-        drop(self.inner.indexing.write().await);
+        self.indexed().await?;
         let now = self.redis_now().await?;
         let mut con = self.con.clone();
         let mut deleted = 0;

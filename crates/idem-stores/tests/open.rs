@@ -122,3 +122,38 @@ async fn redis_opens_under_the_prefix_its_url_names() {
     claims_replay(&store).await;
     let _ = redis.delete_all().await;
 }
+
+/// [`Store::for_this_runtime`] through [`AnyStore`] reaches the backend's: a Redis handle
+/// opened on a second runtime keeps working once the runtime that opened the store is gone
+/// (a clone would share its dead connection), over the same records.
+#[test]
+fn a_redis_handle_for_another_runtime_is_its_own_connection() {
+    let test = "a_redis_handle_for_another_runtime_is_its_own_connection";
+    if !idem_conformance::server_reachable(test, "Redis", "127.0.0.1:6379") {
+        return;
+    }
+    let runtime = || {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap_or_else(|e| panic!("{e}"))
+    };
+    let prefix = format!("idem-test-{:016x}", rand::random::<u64>());
+    let url = parse(&format!(
+        "redis://127.0.0.1:6379/?prefix={prefix}&durability=volatile"
+    ));
+    let first = runtime();
+    let store = first.block_on(open(&url));
+    let second = runtime();
+    let handle = second
+        .block_on(store.for_this_runtime())
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert!(matches!(handle, AnyStore::Redis(_)));
+    drop(first);
+    second.block_on(async {
+        claims_replay(&handle).await;
+        if let AnyStore::Redis(redis) = &handle {
+            let _ = redis.delete_all().await;
+        }
+    });
+}

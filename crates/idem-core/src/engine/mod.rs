@@ -1169,6 +1169,12 @@ mod tests {
             wait: Some(Duration::from_secs(60)),
             ..Policy::default()
         };
+        // A result stored through `a` is in `b`'s cache before `b` has asked for anything.
+        let stored = a.run(Scope::anonymous(), k("h0"), fp(1), &waits, || async {
+            (Effect::Done(StoredResponse::new(201, "h0")), ())
+        });
+        assert_eq!(stored.await.unwrap().outcome(), Outcome::Executed);
+        assert_eq!(b.cache().map(CompletedCache::len), Some(1), "one cache");
         let (started_tx, started) = tokio::sync::oneshot::channel();
         let first = {
             let (a, waits) = (a.clone(), waits.clone());
@@ -1192,7 +1198,7 @@ mod tests {
             other => panic!("the duplicate is woken and replays, got {other:?}"),
         }
         assert_eq!(first.await.unwrap().unwrap(), Outcome::Executed);
-        assert_eq!(b.cache().map(CompletedCache::len), Some(1), "one cache");
+        assert_eq!(b.cache().map(CompletedCache::len), Some(2));
     }
 
     /// `begin` and `finish` are `run` in two halves, for a binding whose function runs on

@@ -190,7 +190,8 @@ pub trait Store: Send + Sync + 'static {
     /// runtime crosses threads twice: there to be written, back to be answered. A caller with
     /// a runtime per thread (`idem serve`'s serving threads) takes one handle per thread, and
     /// such a store opens a connection driven by that thread; records, fencing and clock stay
-    /// the store's. Every other store answers a clone.
+    /// the store's. Every other store answers a clone. The handle belongs to that runtime:
+    /// its calls stall while the runtime is not running, and fail once it has shut down.
     fn for_this_runtime(&self) -> impl Future<Output = Result<Self, StoreError>> + Send
     where
         Self: Sized + Clone,
