@@ -11,7 +11,7 @@ use idem_core::{ListRecords, Listing, RecordFilter, StoreError};
 use redis::Value;
 
 use crate::reply::{self, corrupt};
-use crate::store::{RedisStore, unavailable};
+use crate::store::{RedisStore, within};
 
 /// The most record keys one listing reads; past it the listing reports `more`.
 pub(crate) const MAX_SCANNED: usize = 10_000;
@@ -32,18 +32,6 @@ fn glob_escape(s: &str) -> String {
         out.push(c);
     }
     out
-}
-
-/// One round trip, within the operation timeout.
-async fn within<T>(
-    timeout: std::time::Duration,
-    what: &str,
-    call: impl Future<Output = redis::RedisResult<T>>,
-) -> Result<T, StoreError> {
-    match tokio::time::timeout(timeout, call).await {
-        Ok(r) => r.map_err(|e| unavailable(what, e)),
-        Err(_) => Err(unavailable(what, "timed out")),
-    }
 }
 
 impl ListRecords for RedisStore {

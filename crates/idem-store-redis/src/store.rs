@@ -63,6 +63,18 @@ pub(crate) fn unavailable(what: &str, e: impl fmt::Display) -> StoreError {
     StoreError::Unavailable(format!("redis: {what}: {e}").into())
 }
 
+/// One round trip (or a few, for `what`), within the operation timeout.
+pub(crate) async fn within<T>(
+    timeout: Duration,
+    what: &str,
+    call: impl Future<Output = redis::RedisResult<T>>,
+) -> Result<T, StoreError> {
+    match tokio::time::timeout(timeout, call).await {
+        Ok(r) => r.map_err(|e| unavailable(what, e)),
+        Err(_) => Err(unavailable(what, "timed out")),
+    }
+}
+
 fn ms(d: Duration) -> i64 {
     duration_millis(d).min(MAX_MS)
 }
@@ -170,10 +182,12 @@ impl RedisStore {
     /// Runs a script within the operation timeout.
     async fn run(&self, invocation: ScriptInvocation<'_>) -> Result<Value, StoreError> {
         let mut con = self.con.clone();
-        match tokio::time::timeout(self.inner.op_timeout, invocation.invoke_async(&mut con)).await {
-            Ok(r) => r.map_err(|e| unavailable("script", e)),
-            Err(_) => Err(unavailable("script", "timed out")),
-        }
+        within(
+            self.inner.op_timeout,
+            "script",
+            invocation.invoke_async(&mut con),
+        )
+        .await
     }
 
     /// Runs a script that only reads, once more if the connection turned out dropped (the
@@ -189,10 +203,7 @@ impl RedisStore {
                 answer => answer,
             }
         };
-        match tokio::time::timeout(self.inner.op_timeout, attempts).await {
-            Ok(r) => r.map_err(|e| unavailable("script", e)),
-            Err(_) => Err(unavailable("script", "timed out")),
-        }
+        within(self.inner.op_timeout, "script", attempts).await
     }
 
     /// Adds a completed record to the expiry index. A crash before this leaves the record
@@ -200,10 +211,7 @@ impl RedisStore {
     async fn index(&self, record_key: &str, expires_at: Timestamp) -> Result<(), StoreError> {
         let mut con = self.con.clone();
         let added = con.zadd::<_, _, _, ()>(&self.inner.index, record_key, expires_at.as_millis());
-        match tokio::time::timeout(self.inner.op_timeout, added).await {
-            Ok(r) => r.map_err(|e| unavailable("index", e)),
-            Err(_) => Err(unavailable("index", "timed out")),
-        }
+        within(self.inner.op_timeout, "index", added).await
     }
 
     /// Indexes a completed record from a task of its own, so a completion costs its caller
@@ -294,13 +302,8 @@ async fn open_connection(
     config: &ConnectionManagerConfig,
     timeout: Duration,
 ) -> Result<ConnectionManager, StoreError> {
-    tokio::time::timeout(
-        timeout,
-        ConnectionManager::new_with_config(client.clone(), config.clone()),
-    )
-    .await
-    .map_err(|_| unavailable("connect", "timed out"))?
-    .map_err(|e| unavailable("connect", e))
+    let connecting = ConnectionManager::new_with_config(client.clone(), config.clone());
+    within(timeout, "connect", connecting).await
 }
 
 type Settings = std::collections::HashMap<String, String>;
