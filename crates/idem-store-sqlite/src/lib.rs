@@ -7,7 +7,8 @@
 //! queued up while the previous commit was being synced: many concurrent claims, one transaction,
 //! one fsync (group commit). Nothing waits for a timer; a lone claim commits at once.
 //!
-//! Reads (`get`, and the first look of every `claim`) use their own connections and never wait
+//! Reads (`get`, and the first look of every `claim`) run on reader threads with their own
+//! connections, grouped into read transactions as the writer groups commits, and never wait
 //! for the writer: in WAL mode readers see the last commit. A claim that finds a completed
 //! record with the same fingerprint is answered from that read alone, since completed records
 //! are immutable until they expire, so replays cost no fsync.
@@ -25,7 +26,8 @@
 //! ([design §6](docs/design.md#6-a-store-failure-fails-closed)).
 //!
 //! # Runtime
-//! The async methods need a tokio runtime (reads run on its blocking pool).
+//! The async methods need a tokio runtime with its timer (every operation is bounded); the
+//! store's own threads do the file work, so any runtime flavour will do.
 
 mod checkpoint;
 mod readers;

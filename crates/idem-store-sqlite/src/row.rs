@@ -8,8 +8,15 @@ use idem_core::{
 };
 use rusqlite::{Connection, OptionalExtension, Row, params};
 
-const COLUMNS: &str = "scope, key, fingerprint, token, created_at, acquired_at, lease_expires_at, \
-     completed_at, completed_by, expires_at, retention_ms, attempts, replays, response";
+/// The columns a record is read from and written to, as a literal: the statements below are
+/// built with `concat!` at compile time, not formatted on every call (the writer runs one per
+/// claim and per completion).
+macro_rules! columns {
+    () => {
+        "scope, key, fingerprint, token, created_at, acquired_at, lease_expires_at, \
+         completed_at, completed_by, expires_at, retention_ms, attempts, replays, response"
+    };
+}
 
 fn raw(r: &Row<'_>) -> rusqlite::Result<Columns> {
     Ok(Columns {
@@ -36,8 +43,10 @@ pub(crate) fn select(
     scope: &Scope,
     key: &Key,
 ) -> rusqlite::Result<Result<Option<Record>, StoreError>> {
-    let mut stmt = conn.prepare_cached(&format!(
-        "SELECT {COLUMNS} FROM idem_records WHERE scope = ?1 AND key = ?2"
+    let mut stmt = conn.prepare_cached(concat!(
+        "SELECT ",
+        columns!(),
+        " FROM idem_records WHERE scope = ?1 AND key = ?2"
     ))?;
     let row = stmt
         .query_row(params![scope.as_str(), key.as_str()], raw)
@@ -59,10 +68,11 @@ pub(crate) fn list(
     limit: usize,
 ) -> rusqlite::Result<Result<Vec<Record>, StoreError>> {
     let mut stmt = conn.prepare_cached(&format!(
-        "SELECT {COLUMNS} FROM idem_records WHERE expires_at > ?1 \
+        "SELECT {} FROM idem_records WHERE expires_at > ?1 \
          AND substr(key, 1, length(?2)) = ?2 AND substr(scope, 1, length(?3)) = ?3 \
          AND (?4 IS NULL OR {RANK} = ?4) \
-         ORDER BY {RANK}, created_at DESC, scope, key LIMIT ?5"
+         ORDER BY {RANK}, created_at DESC, scope, key LIMIT ?5",
+        columns!()
     ))?;
     let rank = filter.state.map(|s| i64::from(state_rank(s)));
     let limit = i64::try_from(limit).unwrap_or(i64::MAX);
@@ -82,9 +92,10 @@ pub(crate) fn list(
 }
 
 pub(crate) fn upsert(conn: &Connection, r: &Record) -> rusqlite::Result<()> {
-    let mut stmt = conn.prepare_cached(&format!(
-        "INSERT OR REPLACE INTO idem_records ({COLUMNS}, status) \
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15)"
+    let mut stmt = conn.prepare_cached(concat!(
+        "INSERT OR REPLACE INTO idem_records (",
+        columns!(),
+        ", status) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15)"
     ))?;
     // Borrowed from the record, not copied into `Columns`: this runs for every claim and
     // completion on the writer thread.

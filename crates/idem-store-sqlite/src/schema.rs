@@ -36,6 +36,15 @@ pub(crate) fn unavailable(path: &Path, what: &str, e: impl std::fmt::Display) ->
     StoreError::Unavailable(format!("sqlite {}: {what}: {e}", path.display()).into())
 }
 
+/// The same failure again, for each of several callers that one failure answers (a batch
+/// whose transaction or connection failed).
+pub(crate) fn unavailable_again(e: &StoreError) -> StoreError {
+    match e {
+        StoreError::Unavailable(cause) => StoreError::Unavailable(cause.to_string().into()),
+        other => StoreError::Unavailable(other.to_string().into()),
+    }
+}
+
 /// Opens a connection with the pragmas every idem connection uses.
 pub(crate) fn connect(path: &Path, busy_timeout: Duration) -> Result<Connection, StoreError> {
     let flags = OpenFlags::SQLITE_OPEN_READ_WRITE

@@ -72,7 +72,7 @@ impl SqliteOptions {
     }
 }
 
-/// The embedded SQLite [`Store`]. Cloning shares one writer and one reader pool.
+/// The embedded SQLite [`Store`]. Cloning shares one writer and one set of reader threads.
 #[derive(Clone)]
 pub struct SqliteStore {
     inner: Arc<Inner>,
@@ -100,9 +100,12 @@ impl fmt::Debug for SqliteStore {
 }
 
 impl Drop for Inner {
-    /// Stops the writer after it has committed everything queued, so nothing acknowledged or
-    /// counted is lost on a clean shutdown.
+    /// Stops the readers, then the writer after it has committed everything queued, so nothing
+    /// acknowledged or counted is lost on a clean shutdown and the WAL is checkpointed.
     fn drop(&mut self) {
+        // Readers first, so that the writer's connection is the last to close and checkpoints
+        // the WAL into the file (see `Readers::stop`).
+        self.readers.stop(self.op_timeout);
         drop(
             self.checkpointer
                 .lock()
@@ -142,9 +145,10 @@ impl SqliteStore {
             .spawn(move || writer.run(rx))
             .map_err(StoreError::unavailable)?;
         let checkpointer = Checkpointer::start(&path, options.busy_timeout)?;
+        let readers = Readers::start(&path, options.busy_timeout)?;
         Ok(SqliteStore {
             inner: Arc::new(Inner {
-                readers: Readers::new(&path, options.busy_timeout),
+                readers,
                 path,
                 clock: options.clock,
                 op_timeout: options.op_timeout,
@@ -232,28 +236,25 @@ impl SqliteStore {
         )
     }
 
-    /// A point read on a pooled connection, on tokio's blocking pool and within the operation
-    /// timeout: a read that blocks in the kernel (a stalled file system blocks even WAL
-    /// readers, which write to the shared-memory index) must hold up neither an async worker
-    /// nor its caller past the bound. A read left behind finishes on its blocking thread.
+    /// A point read on a reader thread (see [`crate::readers`]), within the operation timeout.
     async fn read(&self, scope: &Scope, key: &Key) -> Result<Option<Record>, StoreError> {
         let (scope, key) = (scope.clone(), key.clone());
-        self.on_reader(move |conn| row::select(conn, &scope, &key))
-            .await
+        let answer = self
+            .inner
+            .readers
+            .read(move |conn| row::select(conn, &scope, &key))?;
+        self.read_answer(answer).await
     }
 
-    /// Runs `f` on a pooled read connection, on the blocking pool and within the operation
-    /// timeout (see [`SqliteStore::read`]).
-    async fn on_reader<T: Send + 'static>(
+    /// Waits for a read's answer up to the operation timeout. Giving up drops the receiver,
+    /// so a read still queued is skipped; one already running finishes on its thread.
+    async fn read_answer<T>(
         &self,
-        f: impl FnOnce(&rusqlite::Connection) -> rusqlite::Result<Result<T, StoreError>>
-        + Send
-        + 'static,
+        answer: oneshot::Receiver<Result<T, StoreError>>,
     ) -> Result<T, StoreError> {
-        let this = self.clone();
-        let read = tokio::task::spawn_blocking(move || this.inner.readers.with(f));
-        match tokio::time::timeout(self.inner.op_timeout, read).await {
-            Ok(done) => done.map_err(StoreError::unavailable)?,
+        match tokio::time::timeout(self.inner.op_timeout, answer).await {
+            Ok(Ok(result)) => result,
+            Ok(Err(_)) => Err(self.inner.readers.stopped()),
             Err(_) => Err(self.timed_out("read")),
         }
     }
@@ -390,9 +391,11 @@ impl ListRecords for SqliteStore {
         let now = self.inner.clock.now();
         let limit = filter.effective_limit();
         let query = filter.clone();
-        let rows = self
-            .on_reader(move |conn| row::list(conn, &query, now, limit + 1))
-            .await?;
+        let answer = self
+            .inner
+            .readers
+            .read_alone(move |conn| row::list(conn, &query, now, limit + 1));
+        let rows = self.read_answer(answer).await?;
         Ok(filter.finish(rows, now, false))
     }
 }

@@ -32,7 +32,7 @@ use idem_core::{
 use rusqlite::{Connection, TransactionBehavior};
 use tokio::sync::oneshot;
 
-use crate::row;
+use crate::{row, schema};
 
 /// Most commands in one transaction; bounds how long one commit holds the file lock.
 pub(crate) const MAX_BATCH: usize = 512;
@@ -235,7 +235,7 @@ impl Writer {
             Err(e) if cmds.len() == 1 || !caused_by_one_command(&e) => {
                 let failed = self.unavailable_ref(&e);
                 cmds.iter()
-                    .map(|_| Err(clone_unavailable(&failed)))
+                    .map(|_| Err(schema::unavailable_again(&failed)))
                     .collect()
             }
             Err(_) => cmds
@@ -331,16 +331,6 @@ fn caused_by_one_command(e: &rusqlite::Error) -> bool {
         | rusqlite::Error::ToSqlConversionFailure(_) => true,
         _ => false,
     }
-}
-
-/// Every command of a failed batch gets the same error.
-fn clone_unavailable(e: &StoreError) -> StoreError {
-    StoreError::Unavailable(
-        e.to_string()
-            .trim_start_matches("store unavailable: ")
-            .to_owned()
-            .into(),
-    )
 }
 
 /// Applies one command inside the writer's transaction.

@@ -1,8 +1,56 @@
-//! Opening files: the schema is created once and versioned; a file idem cannot read is refused
-//! with a message that says why, and is left untouched.
+//! Opening and closing files: the schema is created once and versioned; a file idem cannot
+//! read is refused with a message that says why, and is left untouched; a store that was
+//! closed (dropped) leaves one complete file, its WAL checkpointed into it.
 
-use idem_core::StoreError;
+use idem_core::{Claim, Scope, Store, StoreError, StoredResponse};
 use idem_store_sqlite::{SCHEMA_VERSION, SqliteStore};
+
+/// After the last drop, the database file alone holds every record: anyone who copies only
+/// `idem.db` of a stopped service has it all. (Reads hold connections too, on their own
+/// threads; those must close before the writer's, whose close checkpoints the WAL.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_closed_store_leaves_one_complete_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("idem.db");
+    let store = SqliteStore::open(&path).unwrap();
+    for i in 0..50 {
+        let req = idem_conformance::load::request(i);
+        let key = req.key.clone();
+        let Ok(Claim::Acquired(lease)) = store.claim(req).await else {
+            panic!("{key:?} is acquired");
+        };
+        store
+            .complete(
+                &Scope::anonymous(),
+                &key,
+                lease.token,
+                StoredResponse::new(201, "ok"),
+            )
+            .await
+            .unwrap();
+        // Reads keep the reader threads' connections open.
+        assert!(
+            store
+                .get(&Scope::anonymous(), &key)
+                .await
+                .unwrap()
+                .is_some()
+        );
+    }
+    drop(store);
+    assert!(
+        !dir.path().join("idem.db-wal").exists(),
+        "the WAL outlived the store"
+    );
+    // Read as a copy of the file alone would be.
+    let copy = dir.path().join("copy.db");
+    std::fs::copy(&path, &copy).unwrap();
+    let conn = rusqlite::Connection::open(&copy).unwrap();
+    let rows: i64 = conn
+        .query_row("SELECT count(*) FROM idem_records", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(rows, 50);
+}
 
 #[test]
 fn a_new_file_gets_the_current_schema_and_reopens() {
