@@ -30,6 +30,7 @@
 //! store's own threads do the file work, so any runtime flavour will do.
 
 mod checkpoint;
+mod queue;
 mod readers;
 mod row;
 mod schema;

@@ -28,7 +28,7 @@
 
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::path::{Path, PathBuf};
-use std::sync::mpsc::{self, Receiver, Sender, TryRecvError};
+use std::sync::mpsc::{self, Receiver, Sender};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -37,6 +37,7 @@ use idem_core::StoreError;
 use rusqlite::Connection;
 use tokio::sync::oneshot;
 
+use crate::queue::take_queued;
 use crate::schema;
 
 /// Most reads that share one snapshot.
@@ -280,13 +281,7 @@ fn open(path: &Path, busy_timeout: Duration) -> Result<Connection, StoreError> {
 /// next read while this one runs its batch.
 fn take_batch(reads: &Mutex<Receiver<Read>>) -> Option<Vec<Read>> {
     let reads = reads.lock().unwrap_or_else(|p| p.into_inner());
-    let first = reads.recv().ok()?;
-    let mut batch = vec![first];
-    while batch.len() < MAX_BATCH {
-        match reads.try_recv() {
-            Ok(read) => batch.push(read),
-            Err(TryRecvError::Empty | TryRecvError::Disconnected) => break,
-        }
-    }
+    let mut batch = vec![reads.recv().ok()?];
+    take_queued(&reads, &mut batch, MAX_BATCH);
     Some(batch)
 }

@@ -20,7 +20,7 @@
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::mpsc::{Receiver, TryRecvError};
+use std::sync::mpsc::Receiver;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -32,6 +32,7 @@ use idem_core::{
 use rusqlite::{Connection, TransactionBehavior};
 use tokio::sync::oneshot;
 
+use crate::queue::take_queued;
 use crate::{row, schema};
 
 /// Most commands in one transaction; bounds how long one commit holds the file lock.
@@ -179,24 +180,14 @@ impl Writer {
     pub(crate) fn run(mut self, rx: Receiver<Job>) {
         while let Ok(first) = rx.recv() {
             let mut batch = vec![first];
-            while batch.len() < MAX_BATCH {
-                match rx.try_recv() {
-                    Ok(job) => batch.push(job),
-                    Err(TryRecvError::Empty | TryRecvError::Disconnected) => break,
-                }
-            }
+            take_queued(&rx, &mut batch, MAX_BATCH);
             let (mut durable, fast): (Vec<Job>, Vec<Job>) =
                 batch.into_iter().partition(|j| j.cmd.needs_fsync());
             if !fast.is_empty() {
                 self.commit_batch(fast, Sync::Normal);
                 // Claims that arrived meanwhile (often from executors that just heard their
                 // completion) share this round's fsync rather than wait for the next.
-                while durable.len() < MAX_BATCH {
-                    match rx.try_recv() {
-                        Ok(job) => durable.push(job),
-                        Err(TryRecvError::Empty | TryRecvError::Disconnected) => break,
-                    }
-                }
+                take_queued(&rx, &mut durable, MAX_BATCH);
             }
             if !durable.is_empty() {
                 self.commit_batch(durable, Sync::Full);
