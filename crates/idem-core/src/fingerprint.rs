@@ -101,11 +101,8 @@ pub fn canonical_json(value: &serde_json::Value) -> Vec<u8> {
 /// RFC 8785 canonical form of JSON text, or `None` when it does not parse or is not I-JSON
 /// (a duplicate member name, or a number of magnitude 2^53 or more).
 pub fn canonical_json_bytes(text: &[u8]) -> Option<Vec<u8>> {
-    let value = crate::jcs::parse_i_json(text)?;
-    if !numbers_survive_doubles(text) {
-        return None;
-    }
-    Some(canonical_json(&value))
+    let canonical = crate::jcs::canonical_i_json(text)?;
+    numbers_survive_doubles(text).then_some(canonical)
 }
 
 /// Whether every number literal in `text` is the shortest form of its double, up to layout:

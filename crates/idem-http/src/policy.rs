@@ -276,10 +276,11 @@ pub enum Unmatched {
 }
 
 /// Headers that make frameworks run a request as another method.
-const METHOD_OVERRIDES: [&str; 3] = [
-    "x-http-method-override",
-    "x-http-method",
-    "x-method-override",
+/// `HeaderName`s, not strings: a lookup by `&str` parses the name again on every request.
+const METHOD_OVERRIDES: [http::HeaderName; 3] = [
+    http::HeaderName::from_static("x-http-method-override"),
+    http::HeaderName::from_static("x-http-method"),
+    http::HeaderName::from_static("x-method-override"),
 ];
 
 /// Refuses a method or a path that the route table and the service behind it could read
@@ -297,8 +298,8 @@ pub fn screen(method: &Method, path: &str, headers: &http::HeaderMap) -> Result<
     if m.bytes().any(|b| b.is_ascii_lowercase()) {
         return Err(Unmatched::MethodCase(m.to_owned()));
     }
-    if let Some(h) = METHOD_OVERRIDES.iter().find(|h| headers.contains_key(**h)) {
-        return Err(Unmatched::MethodOverride((*h).to_owned()));
+    if let Some(h) = METHOD_OVERRIDES.iter().find(|h| headers.contains_key(*h)) {
+        return Err(Unmatched::MethodOverride(h.as_str().to_owned()));
     }
     screen_path(path)
 }

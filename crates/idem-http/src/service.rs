@@ -102,9 +102,12 @@ fn is_safe(method: &Method) -> bool {
     )
 }
 
+/// The request header that carries the key (a `HeaderName`, so no lookup parses it again).
+const IDEMPOTENCY_KEY: http::HeaderName = http::HeaderName::from_static("idempotency-key");
+
 /// The key, if one was sent; `Err` when it is malformed or sent more than once.
 fn key_from(headers: &HeaderMap) -> Result<Option<Key>, String> {
-    let mut values = headers.get_all("idempotency-key").iter();
+    let mut values = headers.get_all(&IDEMPOTENCY_KEY).iter();
     let Some(first) = values.next() else {
         return Ok(None);
     };
@@ -198,8 +201,7 @@ impl<St: Store> Shared<St> {
         let policy = self
             .config
             .routes
-            .policy_for(req.method(), req.uri().path())
-            .clone();
+            .policy_for(req.method(), req.uri().path());
         let key = match key_from(req.headers()) {
             Ok(Some(key)) => key,
             Ok(None) if policy.require_key => {

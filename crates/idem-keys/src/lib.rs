@@ -22,7 +22,7 @@
 //! ```
 
 use hmac::{Hmac, Mac};
-use idem_core::Key;
+use idem_core::{Key, jcs};
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 
@@ -144,22 +144,22 @@ pub fn canonical_bytes(
         return Err(DeriveError::Ordinal);
     }
     check_numbers(args)?;
-    let args = match args {
-        Value::Object(map) if map.contains_key("idempotency_key") => {
-            let mut map = map.clone();
-            map.remove("idempotency_key");
-            Value::Object(map)
-        }
-        other => other.clone(),
-    };
-    let tuple = Value::Array(vec![
-        Value::from(VERSION),
-        Value::from(scope),
-        Value::from(tool),
-        Value::from(ordinal),
-        args,
-    ]);
-    serde_json_canonicalizer::to_vec(&tuple).map_err(|e| DeriveError::NotJson(e.to_string()))
+    // The tuple's canonical form, written in place: the arguments are neither copied nor
+    // re-sorted per member as a general JCS serializer would.
+    let mut out = Vec::with_capacity(128);
+    out.push(b'[');
+    for text in [VERSION, scope, tool] {
+        jcs::write_string(text, &mut out);
+        out.push(b',');
+    }
+    jcs::write(&Value::from(ordinal), &mut out);
+    out.push(b',');
+    match args {
+        Value::Object(members) => jcs::write_object(members, Some("idempotency_key"), &mut out),
+        other => jcs::write(other, &mut out),
+    }
+    out.push(b']');
+    Ok(out)
 }
 
 fn label(s: &str) -> String {

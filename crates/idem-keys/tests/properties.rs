@@ -138,4 +138,24 @@ proptest! {
         prop_assert_eq!(Key::new(key.as_str()).ok(), Some(key.clone()));
         prop_assert_eq!(Key::from_header(key.to_header_value().as_bytes()).ok(), Some(key));
     }
+
+    /// What is hashed is RFC 8785 of the tuple, byte for byte as a general JCS serializer
+    /// writes it, the `idempotency_key` argument left out.
+    #[test]
+    fn the_hashed_bytes_are_the_jcs_of_the_tuple(scope in "\\PC{1,20}", tool in "\\PC{1,20}", ordinal in 0u64..=(1 << 53), args in json(), with_key in any::<bool>()) {
+        let mut sent = args.clone();
+        if let (true, Value::Object(members)) = (with_key, &mut sent) {
+            members.insert("idempotency_key".into(), Value::from("k-1"));
+        }
+        let tuple = Value::Array(vec![
+            Value::from(idem_keys::VERSION),
+            Value::from(scope.as_str()),
+            Value::from(tool.as_str()),
+            Value::from(ordinal),
+            args,
+        ]);
+        let reference = serde_json_canonicalizer::to_vec(&tuple).unwrap();
+        let ours = idem_keys::canonical_bytes(&scope, &tool, &sent, ordinal).unwrap();
+        prop_assert_eq!(String::from_utf8_lossy(&ours), String::from_utf8_lossy(&reference));
+    }
 }
