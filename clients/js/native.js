@@ -1,5 +1,6 @@
 // Loads the native module built by scripts/build-native.mjs (npm's install script).
 import { createRequire } from "node:module";
+import { isMainThread } from "node:worker_threads";
 
 const require = createRequire(import.meta.url);
 
@@ -17,3 +18,11 @@ function load() {
 }
 
 export const native = load();
+
+// At exit the stores are closed: a SQLite store's file is then complete and alone, with no
+// -wal or -shm beside it (the native host is never dropped, so nothing else would close it).
+// Only the main thread's exit is the process's: a worker thread's `exit` event fires when that
+// worker ends, and the stores are the whole process's.
+if (isMainThread) {
+  process.once("exit", () => native.shutdown());
+}

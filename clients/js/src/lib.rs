@@ -22,7 +22,7 @@ mod tool;
 
 pub use derive::{check_key_fields, derive_key};
 pub use ticket::Ticket;
-pub use tool::{BeginOutcome, OpenStore, Store, Tool, ToolOptions, open_store};
+pub use tool::{BeginOutcome, OpenStore, Store, Tool, ToolOptions, open_store, shutdown};
 
 /// A JavaScript `Error` with `code` set to `kind`, so the JavaScript side can map it to one of
 /// its typed errors (`IdemError`'s subclasses) without parsing the message.

@@ -67,6 +67,15 @@ pub fn open_store(url: String) -> AsyncTask<OpenStore> {
     AsyncTask::new(OpenStore { url })
 }
 
+/// Closes the process's stores as it exits (`native.js` calls it on Node's `exit` event): a
+/// SQLite store's file is then complete and alone, with no `-wal` or `-shm` beside it. A call
+/// after it rejects with `StoreUnavailableError`. Synchronous, as `exit` listeners must be: it
+/// waits for the store's writer to commit what is queued.
+#[napi]
+pub fn shutdown() {
+    idem_embed::shutdown();
+}
+
 /// A tool's declaration: its name and policy, validated once (when the JavaScript function is
 /// wrapped, so a bad value fails there and not at the first call).
 #[napi(object)]

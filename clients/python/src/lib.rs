@@ -368,11 +368,21 @@ fn after_fork() {
     idem_embed::after_fork();
 }
 
+/// Registered with `atexit`: closes the process's stores, so a SQLite store leaves its
+/// database file complete and alone (no `-wal`, no `-shm`); a call after it raises
+/// `StoreUnavailableError`.
+#[pyfunction]
+fn shutdown(py: Python<'_>) {
+    // Waits for the store's writer to commit what is queued: the GIL is released meanwhile.
+    py.detach(idem_embed::shutdown);
+}
+
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(derive_key, m)?)?;
     m.add_function(wrap_pyfunction!(before_fork, m)?)?;
     m.add_function(wrap_pyfunction!(after_fork, m)?)?;
+    m.add_function(wrap_pyfunction!(shutdown, m)?)?;
     m.add_class::<KeyFields>()?;
     m.add_class::<Policy>()?;
     m.add_class::<Store>()?;

@@ -141,6 +141,22 @@ pub fn host() -> Result<Arc<Host>, HostError> {
     Ok(h)
 }
 
+/// Call when the process is about to exit (Python's `atexit`, Node's `exit` event): closes
+/// this process's stores ([`AnyStore::close`]), so a SQLite store leaves its database file
+/// complete and alone, with no `-wal` or `-shm` beside it. The host's statics are never
+/// dropped, and a language's store objects live until the interpreter ends, so nothing else
+/// would close them. A call after this fails with `store unavailable` instead of opening the
+/// store again. Does nothing in a process that opened no store, or in a forked child whose
+/// host is still the parent's.
+pub fn shutdown() {
+    let current = lock(&CURRENT);
+    if let Some(host) = current.as_ref().filter(|h| h.pid == std::process::id()) {
+        for engine in lock(&host.engines).values() {
+            engine.store().close();
+        }
+    }
+}
+
 impl Host {
     /// Runs `f` to completion on the runtime, blocking this (non-runtime) thread.
     pub fn block_on<F: Future>(&self, f: F) -> F::Output {

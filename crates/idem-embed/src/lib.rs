@@ -25,7 +25,7 @@ pub mod host;
 
 pub use call::{Claimed, Prior, PriorKind, Report, Saved, Started, Store, Ticket, ToolPolicy};
 pub use fields::{FieldError, KeyFields};
-pub use host::{HostError, after_fork, before_fork, host};
+pub use host::{HostError, after_fork, before_fork, host, shutdown};
 pub use idem_stores::DEFAULT_STORE;
 
 /// Parses arguments given as JSON text; integers beyond 2^53 and lone surrogates are errors

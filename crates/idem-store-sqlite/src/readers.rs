@@ -67,9 +67,10 @@ struct Ran {
 pub(crate) struct Readers {
     path: PathBuf,
     busy_timeout: Duration,
-    /// `None` once [`Readers::stop`] has run.
-    queue: Option<Sender<Read>>,
-    threads: Vec<JoinHandle<()>>,
+    /// `None` once [`Readers::stop`] has run. Behind a lock, as the writer's queue is, so that
+    /// a store still shared can be stopped ([`crate::SqliteStore::close`]).
+    queue: Mutex<Option<Sender<Read>>>,
+    threads: Mutex<Vec<JoinHandle<()>>>,
 }
 
 impl Readers {
@@ -77,12 +78,7 @@ impl Readers {
     pub(crate) fn start(path: &Path, busy_timeout: Duration) -> Result<Self, StoreError> {
         let (queue, reads) = mpsc::channel::<Read>();
         let reads = Arc::new(Mutex::new(reads));
-        let mut readers = Readers {
-            path: path.to_path_buf(),
-            busy_timeout,
-            queue: Some(queue),
-            threads: Vec::new(),
-        };
+        let mut threads = Vec::new();
         for i in 0..thread_count() {
             let reader = Reader {
                 path: path.to_path_buf(),
@@ -95,9 +91,14 @@ impl Readers {
                 .name(format!("idem-sqlite-rd{i}"))
                 .spawn(move || reader.run(&reads))
                 .map_err(StoreError::unavailable)?;
-            readers.threads.push(thread);
+            threads.push(thread);
         }
-        Ok(readers)
+        Ok(Readers {
+            path: path.to_path_buf(),
+            busy_timeout,
+            queue: Mutex::new(Some(queue)),
+            threads: Mutex::new(threads),
+        })
     }
 
     /// Queues the point read `f` for a reader thread and returns where its answer will come.
@@ -128,7 +129,7 @@ impl Readers {
                 connection_failed,
             }
         });
-        match &self.queue {
+        match &*lock(&self.queue) {
             Some(queue) if queue.send(read).is_ok() => Ok(answered),
             _ => Err(self.stopped()),
         }
@@ -170,18 +171,25 @@ impl Readers {
     /// this) then checkpoints the WAL into the database file and removes it, so a stopped
     /// store leaves one complete file. A thread stuck past the bound (a stalled file system)
     /// is left to finish on its own.
-    pub(crate) fn stop(&mut self, bound: Duration) {
-        self.queue = None;
+    pub(crate) fn stop(&self, bound: Duration) {
+        drop(lock(&self.queue).take());
+        let mut threads = lock(&self.threads);
         let deadline = Instant::now() + bound;
-        while self.threads.iter().any(|t| !t.is_finished()) && Instant::now() < deadline {
+        while threads.iter().any(|t| !t.is_finished()) && Instant::now() < deadline {
             std::thread::sleep(Duration::from_millis(1));
         }
-        for t in self.threads.drain(..) {
+        for t in threads.drain(..) {
             if t.is_finished() {
                 let _ = t.join();
             }
         }
     }
+}
+
+/// A lock whose holder cannot leave its data half-changed (a take, a drain), so a panic
+/// elsewhere while it was held does not matter.
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 impl Drop for Readers {

@@ -100,9 +100,16 @@ impl fmt::Debug for SqliteStore {
 }
 
 impl Drop for Inner {
-    /// Stops the readers, then the writer after it has committed everything queued, so nothing
-    /// acknowledged or counted is lost on a clean shutdown and the WAL is checkpointed.
     fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+impl Inner {
+    /// Stops the readers, then the writer after it has committed everything queued, so nothing
+    /// acknowledged or counted is lost on a clean shutdown and the WAL is checkpointed. Once
+    /// stopped, every operation answers `store unavailable`; stopping again does nothing.
+    fn stop(&self) {
         // Readers first, so that the writer's connection is the last to close and checkpoints
         // the WAL into the file (see `Readers::stop`).
         self.readers.stop(self.op_timeout);
@@ -120,6 +127,15 @@ impl Drop for Inner {
 }
 
 impl SqliteStore {
+    /// Stops this store now, for every handle on it, as dropping the last handle would: what
+    /// is queued is committed, the connections close and the WAL is checkpointed into the
+    /// database file, which is then the only file left. Every later operation answers `store
+    /// unavailable`, so nothing runs that could not be recorded. For a process about to exit
+    /// while handles remain (a language package's stores live until the interpreter ends).
+    pub fn close(&self) {
+        self.inner.stop();
+    }
+
     /// Opens (creating if needed) the store at `path` on the system clock.
     pub fn open(path: impl AsRef<Path>) -> Result<Self, StoreError> {
         Self::open_with(path, SqliteOptions::default())

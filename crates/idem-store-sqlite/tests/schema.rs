@@ -11,8 +11,40 @@ use idem_store_sqlite::{SCHEMA_VERSION, SqliteStore};
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_closed_store_leaves_one_complete_file() {
     let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("idem.db");
-    let store = SqliteStore::open(&path).unwrap();
+    let store = store_of_50_records(dir.path()).await;
+    drop(store);
+    assert_one_complete_file(dir.path());
+}
+
+/// `close` does what dropping the last handle does while other handles remain (a language
+/// package's store lives until the interpreter ends); after it, every operation fails closed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn close_stops_a_store_other_handles_still_hold() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = store_of_50_records(dir.path()).await;
+    let other = store.clone();
+    store.close();
+    store.close();
+    assert_one_complete_file(dir.path());
+    let claim = other.claim(idem_conformance::load::request(50)).await;
+    assert!(
+        matches!(claim, Err(ref e) if e.is_unavailable()),
+        "a closed store claimed: {claim:?}"
+    );
+    let read = other
+        .get(&Scope::anonymous(), &idem_conformance::load::request(0).key)
+        .await;
+    assert!(
+        matches!(read, Err(ref e) if e.is_unavailable()),
+        "a closed store read: {read:?}"
+    );
+    drop(other);
+    assert_one_complete_file(dir.path());
+}
+
+/// A store at `dir/idem.db` holding 50 completed records, each read back once.
+async fn store_of_50_records(dir: &std::path::Path) -> SqliteStore {
+    let store = SqliteStore::open(dir.join("idem.db")).expect("the store opens");
     for i in 0..50 {
         let req = idem_conformance::load::request(i);
         let key = req.key.clone();
@@ -27,29 +59,34 @@ async fn a_closed_store_leaves_one_complete_file() {
                 StoredResponse::new(201, "ok"),
             )
             .await
-            .unwrap();
+            .expect("the result is stored");
         // Reads keep the reader threads' connections open.
         assert!(
             store
                 .get(&Scope::anonymous(), &key)
                 .await
-                .unwrap()
+                .expect("the record reads")
                 .is_some()
         );
     }
-    drop(store);
+    store
+}
+
+/// `dir/idem.db` has no WAL beside it, and a copy of it alone holds the 50 records.
+fn assert_one_complete_file(dir: &std::path::Path) {
     assert!(
-        !dir.path().join("idem.db-wal").exists(),
+        !dir.join("idem.db-wal").exists(),
         "the WAL outlived the store"
     );
-    // Read as a copy of the file alone would be.
-    let copy = dir.path().join("copy.db");
-    std::fs::copy(&path, &copy).unwrap();
-    let conn = rusqlite::Connection::open(&copy).unwrap();
+    let copy = dir.join("copy.db");
+    std::fs::copy(dir.join("idem.db"), &copy).expect("a copy");
+    let conn = rusqlite::Connection::open(&copy).expect("the copy opens");
     let rows: i64 = conn
         .query_row("SELECT count(*) FROM idem_records", [], |r| r.get(0))
-        .unwrap();
+        .expect("the copy reads");
     assert_eq!(rows, 50);
+    drop(conn);
+    std::fs::remove_file(&copy).expect("the copy is removed");
 }
 
 #[test]

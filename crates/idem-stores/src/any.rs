@@ -42,6 +42,16 @@ impl AnyStore {
             AnyStore::Memory(_) | AnyStore::Sqlite(_) | AnyStore::Postgres(_) => &[],
         }
     }
+
+    /// Stops the store now, for every handle on it, when its process is about to exit while
+    /// handles remain: a SQLite store commits what is queued and closes its file, leaving no
+    /// WAL beside it ([`SqliteStore::close`]); later calls fail closed. The other stores keep
+    /// nothing on this side that their server does not already have: nothing to do.
+    pub fn close(&self) {
+        if let AnyStore::Sqlite(s) = self {
+            s.close();
+        }
+    }
 }
 
 /// Calls the backend's own method. The memory store's futures are a few words and stay

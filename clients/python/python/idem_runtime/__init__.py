@@ -12,6 +12,7 @@ run at most once per intent, on idem's Rust engine and stores.
         charge_card("cus_1", 4900)   # replays the stored result; no second charge
 """
 
+import atexit as _atexit
 import os as _os
 
 from . import _decorator, _native
@@ -77,3 +78,7 @@ if hasattr(_os, "register_at_fork"):
         after_in_parent=_native.after_fork,
         after_in_child=_after_fork_in_child,
     )
+
+# At exit the stores are closed: a SQLite store's file is then complete and alone, with no
+# -wal or -shm beside it (the native host is never dropped, so nothing else would close it).
+_atexit.register(_native.shutdown)
