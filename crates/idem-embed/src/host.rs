@@ -36,7 +36,7 @@
 
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use idem_core::Engine;
@@ -50,6 +50,8 @@ pub struct Host {
     runtime: tokio::runtime::Runtime,
     engines: Mutex<HashMap<String, Engine<AnyStore>>>,
     pid: u32,
+    /// Set by [`shutdown`]: no store is opened any more.
+    closed: AtomicBool,
 }
 
 /// The runtime could not be started.
@@ -136,6 +138,7 @@ pub fn host() -> Result<Arc<Host>, HostError> {
         runtime,
         engines: Mutex::new(HashMap::new()),
         pid,
+        closed: AtomicBool::new(false),
     });
     *current = Some(h.clone());
     Ok(h)
@@ -145,19 +148,35 @@ pub fn host() -> Result<Arc<Host>, HostError> {
 /// this process's stores ([`AnyStore::close`]), so a SQLite store leaves its database file
 /// complete and alone, with no `-wal` or `-shm` beside it. The host's statics are never
 /// dropped, and a language's store objects live until the interpreter ends, so nothing else
-/// would close them. A call after this fails with `store unavailable` instead of opening the
-/// store again. Does nothing in a process that opened no store, or in a forked child whose
-/// host is still the parent's.
+/// would close them. Afterwards a call on a SQLite store, and the opening of any store, fails
+/// with `store unavailable` (nothing runs); calls on memory, PostgreSQL and Redis stores
+/// already open go on working, since those keep nothing on this side to lose. Does nothing in
+/// a process that opened no store, or in a forked child whose host is still the parent's.
 pub fn shutdown() {
     let current = lock(&CURRENT);
     if let Some(host) = current.as_ref().filter(|h| h.pid == std::process::id()) {
-        for engine in lock(&host.engines).values() {
+        // Under the engines' lock, so a store being opened right now is either in the map
+        // (and closed here) or sees the flag before it is added (and is closed there).
+        let engines = lock(&host.engines);
+        host.closed.store(true, Ordering::SeqCst);
+        for engine in engines.values() {
             engine.store().close();
         }
     }
 }
 
 impl Host {
+    /// After [`shutdown`], no store is opened: the process is exiting, and a SQLite file
+    /// opened now would be left with its WAL beside it.
+    fn refuse_if_closed(&self) -> Result<(), EmbedError> {
+        if self.closed.load(Ordering::SeqCst) {
+            return Err(EmbedError::Store(idem_core::StoreError::Unavailable(
+                "idem's stores were closed as the process exits".into(),
+            )));
+        }
+        Ok(())
+    }
+
     /// Runs `f` to completion on the runtime, blocking this (non-runtime) thread.
     pub fn block_on<F: Future>(&self, f: F) -> F::Output {
         self.runtime.block_on(f)
@@ -171,10 +190,15 @@ impl Host {
         }
         let parsed: StoreUrl = url.parse()?;
         sqlite_allowed(&parsed, self.pid)?;
+        self.refuse_if_closed()?;
         // Opened outside the lock: a PostgreSQL connect must not stall other stores' calls.
         // Two threads may race to open one URL; the first inserted wins and both use it.
         let store = self.block_on(parsed.open())?;
         let mut engines = lock(&self.engines);
+        if let Err(closed) = self.refuse_if_closed() {
+            store.close();
+            return Err(closed);
+        }
         Ok(engines
             .entry(url.to_owned())
             // No completed-record cache here (design §9): an in-process replay answered from

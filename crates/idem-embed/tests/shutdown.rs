@@ -68,6 +68,13 @@ fn shutdown_leaves_one_sqlite_file_and_later_calls_fail_closed() {
         Err(EmbedError::Store(e)) => assert!(e.is_unavailable(), "{e}"),
         other => panic!("a call after shutdown was {other:?}"),
     }
+    // No store is opened after it: a file opened now would keep its WAL.
+    let later = dir.path().join("later.db");
+    match Store::open(&format!("sqlite:{}", later.display())) {
+        Err(EmbedError::Store(e)) => assert!(e.is_unavailable(), "{e}"),
+        other => panic!("a store opened after shutdown: {other:?}"),
+    }
+    assert!(!later.exists(), "a store was opened after shutdown");
     // A second shutdown has nothing left to do.
     idem_embed::shutdown();
 }

@@ -61,6 +61,14 @@ impl Checkpointer {
     }
 }
 
+impl Checkpointer {
+    /// Tells the thread to stop and hands it back, for the caller to wait for within its bound.
+    pub(crate) fn stop(mut self) -> Option<JoinHandle<()>> {
+        drop(self.stop.take());
+        self.thread.take()
+    }
+}
+
 impl Drop for Checkpointer {
     fn drop(&mut self) {
         drop(self.stop.take());

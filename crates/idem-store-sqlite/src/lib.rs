@@ -34,6 +34,7 @@ mod queue;
 mod readers;
 mod row;
 mod schema;
+mod stopping;
 mod store;
 pub mod testing;
 mod writer;

@@ -29,7 +29,7 @@
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::path::{Path, PathBuf};
 use std::sync::mpsc::{self, Receiver, Sender};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, PoisonError, RwLock};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -39,6 +39,7 @@ use tokio::sync::oneshot;
 
 use crate::queue::take_queued;
 use crate::schema;
+use crate::stopping::{join_until, lock};
 
 /// Most reads that share one snapshot.
 const MAX_BATCH: usize = 256;
@@ -67,9 +68,10 @@ struct Ran {
 pub(crate) struct Readers {
     path: PathBuf,
     busy_timeout: Duration,
-    /// `None` once [`Readers::stop`] has run. Behind a lock, as the writer's queue is, so that
-    /// a store still shared can be stopped ([`crate::SqliteStore::close`]).
-    queue: Mutex<Option<Sender<Read>>>,
+    /// `None` once [`Readers::stop`] has run. Behind a lock, so that a store still shared can
+    /// be stopped ([`crate::SqliteStore::close`]); a read-write lock, so that reads queued from
+    /// many threads at once do not wait for each other.
+    queue: RwLock<Option<Sender<Read>>>,
     threads: Mutex<Vec<JoinHandle<()>>>,
 }
 
@@ -96,7 +98,7 @@ impl Readers {
         Ok(Readers {
             path: path.to_path_buf(),
             busy_timeout,
-            queue: Mutex::new(Some(queue)),
+            queue: RwLock::new(Some(queue)),
             threads: Mutex::new(threads),
         })
     }
@@ -129,7 +131,8 @@ impl Readers {
                 connection_failed,
             }
         });
-        match &*lock(&self.queue) {
+        let queue = self.queue.read().unwrap_or_else(PoisonError::into_inner);
+        match &*queue {
             Some(queue) if queue.send(read).is_ok() => Ok(answered),
             _ => Err(self.stopped()),
         }
@@ -140,7 +143,16 @@ impl Readers {
     pub(crate) fn read_alone<T: Send + 'static>(
         &self,
         f: impl FnOnce(&Connection) -> rusqlite::Result<Result<T, StoreError>> + Send + 'static,
-    ) -> oneshot::Receiver<Result<T, StoreError>> {
+    ) -> Result<oneshot::Receiver<Result<T, StoreError>>, StoreError> {
+        // A stopped store opens no connection again: its file is to be left alone.
+        if self
+            .queue
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .is_none()
+        {
+            return Err(self.stopped());
+        }
         let (answer, answered) = oneshot::channel();
         let (path, busy_timeout) = (self.path.clone(), self.busy_timeout);
         tokio::task::spawn_blocking(move || {
@@ -152,7 +164,7 @@ impl Readers {
             });
             let _ = answer.send(result);
         });
-        answered
+        Ok(answered)
     }
 
     /// The error of a read whose thread stopped before answering it.
@@ -172,24 +184,15 @@ impl Readers {
     /// store leaves one complete file. A thread stuck past the bound (a stalled file system)
     /// is left to finish on its own.
     pub(crate) fn stop(&self, bound: Duration) {
-        drop(lock(&self.queue).take());
-        let mut threads = lock(&self.threads);
-        let deadline = Instant::now() + bound;
-        while threads.iter().any(|t| !t.is_finished()) && Instant::now() < deadline {
-            std::thread::sleep(Duration::from_millis(1));
-        }
-        for t in threads.drain(..) {
-            if t.is_finished() {
-                let _ = t.join();
-            }
-        }
+        drop(
+            self.queue
+                .write()
+                .unwrap_or_else(PoisonError::into_inner)
+                .take(),
+        );
+        let threads = std::mem::take(&mut *lock(&self.threads));
+        join_until(threads, Instant::now() + bound);
     }
-}
-
-/// A lock whose holder cannot leave its data half-changed (a take, a drain), so a panic
-/// elsewhere while it was held does not matter.
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 impl Drop for Readers {

@@ -6,7 +6,7 @@ use std::sync::atomic::Ordering;
 use std::sync::mpsc::{self, Sender};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use idem_core::{
     AbandonedPolicy, Claim, ClaimRequest, Clock, FencingToken, Key, ListRecords, Listing, Record,
@@ -17,6 +17,7 @@ use tokio::sync::oneshot;
 
 use crate::checkpoint::Checkpointer;
 use crate::readers::Readers;
+use crate::stopping::{join_until, lock};
 use crate::writer::{Cmd, Done, Job, ReplayTally, Stats, Writer};
 use crate::{row, schema};
 
@@ -109,20 +110,19 @@ impl Inner {
     /// Stops the readers, then the writer after it has committed everything queued, so nothing
     /// acknowledged or counted is lost on a clean shutdown and the WAL is checkpointed. Once
     /// stopped, every operation answers `store unavailable`; stopping again does nothing.
+    /// Each step waits at most the operation timeout for threads stuck in the kernel (see
+    /// [`crate::stopping`]).
     fn stop(&self) {
         // Readers first, so that the writer's connection is the last to close and checkpoints
         // the WAL into the file (see `Readers::stop`).
         self.readers.stop(self.op_timeout);
-        drop(
-            self.checkpointer
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .take(),
+        let checkpointer = lock(&self.checkpointer).take().and_then(Checkpointer::stop);
+        drop(lock(&self.tx).take());
+        let writer = lock(&self.writer).take();
+        join_until(
+            checkpointer.into_iter().chain(writer),
+            Instant::now() + self.op_timeout,
         );
-        drop(self.tx.lock().unwrap_or_else(|p| p.into_inner()).take());
-        if let Some(handle) = self.writer.lock().unwrap_or_else(|p| p.into_inner()).take() {
-            let _ = handle.join();
-        }
     }
 }
 
@@ -197,7 +197,7 @@ impl SqliteStore {
         cmd: Cmd,
         reply: Option<oneshot::Sender<Result<Done, StoreError>>>,
     ) -> Result<(), StoreError> {
-        let guard = self.inner.tx.lock().unwrap_or_else(|p| p.into_inner());
+        let guard = lock(&self.inner.tx);
         match guard.as_ref() {
             Some(tx) if tx.send(Job { cmd, reply }).is_ok() => Ok(()),
             _ => Err(self.writer_gone()),
@@ -410,7 +410,7 @@ impl ListRecords for SqliteStore {
         let answer = self
             .inner
             .readers
-            .read_alone(move |conn| row::list(conn, &query, now, limit + 1));
+            .read_alone(move |conn| row::list(conn, &query, now, limit + 1))?;
         let rows = self.read_answer(answer).await?;
         Ok(filter.finish(rows, now, false))
     }

@@ -1,8 +1,9 @@
 //! Opening and closing files: the schema is created once and versioned; a file idem cannot
 //! read is refused with a message that says why, and is left untouched; a store that was
-//! closed (dropped) leaves one complete file, its WAL checkpointed into it.
+//! closed (dropped, or `close`d while handles remain) leaves one complete file, its WAL
+//! checkpointed into it.
 
-use idem_core::{Claim, Scope, Store, StoreError, StoredResponse};
+use idem_core::{Claim, ListRecords, RecordFilter, Scope, Store, StoreError, StoredResponse};
 use idem_store_sqlite::{SCHEMA_VERSION, SqliteStore};
 
 /// After the last drop, the database file alone holds every record: anyone who copies only
@@ -37,6 +38,17 @@ async fn close_stops_a_store_other_handles_still_hold() {
     assert!(
         matches!(read, Err(ref e) if e.is_unavailable()),
         "a closed store read: {read:?}"
+    );
+    // Writes that read nothing first reach the stopped writer's queue.
+    let purged = other.purge_expired(10).await;
+    assert!(
+        matches!(purged, Err(ref e) if e.is_unavailable()),
+        "a closed store purged: {purged:?}"
+    );
+    let listed = other.list(&RecordFilter::default()).await;
+    assert!(
+        matches!(listed, Err(ref e) if e.is_unavailable()),
+        "a closed store listed: {listed:?}"
     );
     drop(other);
     assert_one_complete_file(dir.path());
