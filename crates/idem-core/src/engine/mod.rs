@@ -20,6 +20,7 @@
 //! ([design §5](docs/design.md#5-unknown-outcomes)).
 
 mod cache;
+mod heartbeats;
 mod waiters;
 
 use std::future::Future;
@@ -32,6 +33,7 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 
 pub use self::cache::{CLOCK_MARGIN, CompletedCache, DEFAULT_CACHE_BYTES};
+use self::heartbeats::{Armed, Heartbeats};
 pub use self::waiters::{Running, Waiters};
 use crate::fingerprint::Fingerprint;
 use crate::key::Key;
@@ -125,6 +127,8 @@ pub struct Engine<S> {
     waiters: Arc<Waiters>,
     poll_interval: Duration,
     completed: Option<CompletedCache>,
+    /// The heartbeats of executions begun with [`Engine::begin`], not started yet.
+    heartbeats: Heartbeats,
 }
 
 impl<S: Store> Engine<S> {
@@ -135,6 +139,7 @@ impl<S: Store> Engine<S> {
             waiters: Arc::default(),
             poll_interval: DEFAULT_POLL_INTERVAL,
             completed: None,
+            heartbeats: Heartbeats::default(),
         }
     }
 
@@ -168,6 +173,7 @@ impl<S: Store> Engine<S> {
             waiters: self.waiters.clone(),
             poll_interval: self.poll_interval,
             completed: self.completed.clone(),
+            heartbeats: self.heartbeats.clone(),
         }
     }
 
@@ -252,11 +258,20 @@ impl<S: Store> Engine<S> {
         };
         let running = self.announce(&scope, &key, policy);
         let (stop, stopped) = watch::channel(false);
+        // Started only if the execution is still running when its first extend is due (see
+        // `heartbeats`), with that extend at once: the lease is extended when it would have
+        // been had the heartbeat run from the start.
         let beat = {
             let (store, scope, key) = (self.store.clone(), scope.clone(), key.clone());
-            let (token, every) = (lease.token, policy.lease);
-            tokio::spawn(
-                async move { heartbeat(&store, &scope, &key, token, every, stopped).await },
+            let (token, lease) = (lease.token, policy.lease);
+            self.heartbeats.arm(
+                Instant::now() + beat_interval(lease),
+                Box::new(move || {
+                    tokio::spawn(async move {
+                        heartbeat(&store, &scope, &key, token, lease, Duration::ZERO, stopped)
+                            .await;
+                    })
+                }),
             )
         };
         Ok(Begun::Execute(Execution {
@@ -265,7 +280,7 @@ impl<S: Store> Engine<S> {
             key,
             lease,
             policy: policy.clone(),
-            beat,
+            beat: Some(beat),
             stop,
             running,
         }))
@@ -384,6 +399,7 @@ impl<S: Store> Engine<S> {
             key,
             lease.token,
             policy.lease,
+            beat_interval(policy.lease),
             stopped
         ));
         let mut beating = true;
@@ -527,27 +543,37 @@ impl<S: Store> Engine<S> {
 /// extends, so no extend lands after the execution's final write. A slow `extend` (a
 /// busy store) never pauses the effect it runs beside. A store that is down is retried: the
 /// lease may still be saved.
+/// The first extend is sent after `first`, the next ones every [`beat_interval`].
 async fn heartbeat<S: Store>(
     store: &S,
     scope: &Scope,
     key: &Key,
     token: FencingToken,
     lease: Duration,
+    first: Duration,
     mut stopped: watch::Receiver<bool>,
 ) {
-    let every = (lease / 3).max(Duration::from_millis(10));
+    let mut pause = first;
     loop {
         tokio::select! {
-            () = tokio::time::sleep(every) => {}
+            biased;
             // Told to stop, or the execution is gone: stop between extends.
             _ = stopped.wait_for(|stop| *stop) => return,
+            () = tokio::time::sleep(pause) => {}
         }
+        pause = beat_interval(lease);
         match store.extend(scope, key, token, lease).await {
             Ok(_) => {}
             Err(e) if e.is_stale() => return,
             Err(e) => tracing::warn!(error = %e, key = %key, "heartbeat failed"),
         }
     }
+}
+
+/// How often a heartbeat extends a lease: every third of it, so two extends in a row may
+/// fail (a store down for a moment) before the lease ends.
+fn beat_interval(lease: Duration) -> Duration {
+    (lease / 3).max(Duration::from_millis(10))
 }
 
 /// What [`Engine::begin`] came to.
@@ -567,7 +593,8 @@ pub struct Execution<S> {
     key: Key,
     lease: Lease,
     policy: Policy,
-    beat: tokio::task::JoinHandle<()>,
+    /// `None` once finished.
+    beat: Option<Armed>,
     stop: watch::Sender<bool>,
     running: Option<Running>,
 }
@@ -581,9 +608,12 @@ impl<S: Store> Execution<S> {
     /// Keeps what the effect reported, as [`Engine::run`] does, and wakes the duplicates
     /// waiting in this process.
     pub async fn finish<T>(mut self, reported: Effect, value: T) -> Answer<T> {
-        // Stopped between extends (see `Engine::execute`), then waited for.
+        // Stopped between extends (see `Engine::execute`), then waited for; one not started
+        // yet never will be, and there is nothing to wait for.
         let _ = self.stop.send(true);
-        let _ = (&mut self.beat).await;
+        if let Some(task) = self.beat.take().and_then(Armed::end) {
+            let _ = task.await;
+        }
         let answer = self
             .engine
             .finish(
@@ -603,7 +633,9 @@ impl<S: Store> Execution<S> {
 impl<S> Drop for Execution<S> {
     fn drop(&mut self) {
         // Finished or abandoned by its caller: either way no heartbeat outlives it.
-        self.beat.abort();
+        if let Some(task) = self.beat.take().and_then(Armed::end) {
+            task.abort();
+        }
     }
 }
 
@@ -940,7 +972,7 @@ mod tests {
     }
 
     /// The memory store, with faults scripted per test.
-    #[derive(Clone, Default)]
+    #[derive(Debug, Clone, Default)]
     struct Scripted {
         inner: MemoryStore,
         /// `extend` waits until the effect has made progress (and says it is extending): if
@@ -955,6 +987,8 @@ mod tests {
         /// first (the answer is lost on the way back, not the write).
         completion_failures: Arc<AtomicU32>,
         failed_completions_land: bool,
+        /// Extends sent.
+        extends: Arc<AtomicU32>,
     }
 
     impl Store for Scripted {
@@ -990,6 +1024,7 @@ mod tests {
             t: FencingToken,
             l: Duration,
         ) -> Result<Timestamp, StoreError> {
+            self.extends.fetch_add(1, Ordering::SeqCst);
             if self.extend_waits_for_effect {
                 let progressed = self.progressed.notified();
                 self.extending.store(true, Ordering::SeqCst);
@@ -1222,14 +1257,7 @@ mod tests {
         assert_eq!(execution.lease().attempt, 1);
         // The caller's function runs elsewhere, for well over one lease.
         tokio::time::sleep(Duration::from_millis(300)).await;
-        let dup = engine
-            .begin::<()>(Scope::anonymous(), k("b"), fp(1), &p)
-            .await
-            .unwrap();
-        assert!(
-            matches!(dup, Begun::Answered(Answer::InFlight(_))),
-            "{dup:?}"
-        );
+        still_in_flight(&engine, "b", &p).await;
         let done = execution
             .finish(Effect::Done(StoredResponse::new(200, "ok")), 7)
             .await;
@@ -1263,6 +1291,127 @@ mod tests {
             "{after:?}"
         );
     }
+    /// Begins a call of a new key, which executes.
+    async fn begin_new<S: Store + Clone + std::fmt::Debug>(
+        engine: &Engine<S>,
+        key: &str,
+        p: &Policy,
+    ) -> Execution<S> {
+        match engine
+            .begin::<()>(Scope::anonymous(), k(key), fp(1), p)
+            .await
+        {
+            Ok(Begun::Execute(execution)) => execution,
+            other => panic!("a new key executes: {other:?}"),
+        }
+    }
+
+    /// A duplicate of `key` is told its call is still in flight: the lease is alive.
+    async fn still_in_flight<S: Store + Clone + std::fmt::Debug>(
+        engine: &Engine<S>,
+        key: &str,
+        p: &Policy,
+    ) {
+        let dup = engine
+            .begin::<()>(Scope::anonymous(), k(key), fp(1), p)
+            .await
+            .unwrap();
+        assert!(
+            matches!(dup, Begun::Answered(Answer::InFlight(_))),
+            "the lease ran out: {dup:?}"
+        );
+    }
+
+    /// A begun call that ends within the first third of its lease starts no heartbeat at all
+    /// (the language packages' calls, nearly all): no extend, nothing left armed. One that
+    /// runs longer is extended from then on, and not after it finishes.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_heartbeat_starts_only_when_a_begun_call_outlives_a_third_of_its_lease() {
+        let store = Scripted::default();
+        let engine = Engine::new(store.clone());
+        let p = Policy {
+            lease: Duration::from_millis(900),
+            ..Policy::default()
+        };
+        for i in 0..50 {
+            begin_new(&engine, &format!("short-{i}"), &p)
+                .await
+                .finish(Effect::Done(StoredResponse::new(200, "ok")), ())
+                .await;
+        }
+        // Each took itself out of the map as it finished, well before it was due.
+        assert_eq!(engine.heartbeats.pending(), 0);
+        // Past the moment the first of them would have been extended.
+        tokio::time::sleep(Duration::from_millis(400)).await;
+        assert_eq!(store.extends.load(Ordering::SeqCst), 0);
+
+        let long = begin_new(&engine, "long", &p).await;
+        let claimed_until = long.lease().expires_at;
+        tokio::time::sleep(Duration::from_millis(1_500)).await;
+        let extended = store.extends.load(Ordering::SeqCst);
+        assert!(
+            extended >= 3,
+            "{extended} extends in 1.5 s of a 0.9 s lease"
+        );
+        let record = store.get(&Scope::anonymous(), &k("long")).await.unwrap();
+        assert!(
+            record.is_some_and(|r| r.lease_expires_at > claimed_until),
+            "the lease was not extended"
+        );
+        long.finish(Effect::Done(StoredResponse::new(200, "ok")), ())
+            .await;
+        let after_finish = store.extends.load(Ordering::SeqCst);
+        tokio::time::sleep(Duration::from_millis(700)).await;
+        assert_eq!(store.extends.load(Ordering::SeqCst), after_finish);
+        assert_eq!(engine.heartbeats.pending(), 0);
+    }
+
+    /// The driver that starts heartbeats runs on the runtime of the call that started it; when
+    /// that runtime is gone, the next call starts one on its own, so a long call on the new
+    /// runtime is still kept alive.
+    #[test]
+    fn heartbeats_go_on_when_the_first_runtime_is_gone() {
+        let runtime = || {
+            tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(2)
+                .enable_all()
+                .build()
+                .unwrap()
+        };
+        let store = MemoryStore::new();
+        let engine = Engine::new(store.clone());
+        let p = Policy {
+            lease: Duration::from_millis(150),
+            ..Policy::default()
+        };
+        let first = runtime();
+        first.block_on(async {
+            begin_new(&engine, "a", &p)
+                .await
+                .finish(Effect::Done(StoredResponse::new(200, "ok")), ())
+                .await;
+        });
+        drop(first);
+        runtime().block_on(async {
+            let e = begin_new(&engine, "b", &p).await;
+            tokio::time::sleep(Duration::from_millis(600)).await;
+            still_in_flight(&engine, "b", &p).await;
+            let done = e
+                .finish(Effect::Done(StoredResponse::new(200, "ok")), ())
+                .await;
+            assert!(
+                matches!(
+                    done,
+                    Answer::Executed {
+                        kept: Kept::Stored,
+                        ..
+                    }
+                ),
+                "{done:?}"
+            );
+        });
+    }
+
     /// On a current-thread runtime the heartbeat could not run while the caller's function
     /// does: `begin` refuses before it claims anything, so no key is left behind.
     #[test]

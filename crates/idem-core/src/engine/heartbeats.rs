@@ -1,0 +1,185 @@
+//! Heartbeats of executions run in two halves ([`Engine::begin`](super::Engine::begin), then
+//! [`Execution::finish`](super::Execution::finish)), started only once an execution outlives
+//! the first third of its lease.
+//!
+//! Why: the language packages run every tool call in two halves, and a heartbeat task spawned
+//! for each call, then stopped and waited for at its end, cost a thread wake-up at each step.
+//! For a call that finishes within a third of its lease (nearly all of them: the lease is 30 s
+//! by default) those wake-ups were most of what the call cost (docs/benchmarks.md, issue 16,
+//! sixth pass). Here a call only writes itself into a map of due times. One driver task per
+//! engine sleeps until the earliest is due and starts that execution's heartbeat then, whose
+//! first extend goes out at once: the same moment the spawned task would have sent it. A call
+//! that ends first takes itself out of the map, and nothing ever ran for it.
+//!
+//! The driver is woken only when a call is due before the driver's next look, which with
+//! equal leases happens only if the driver was idle; an idle driver looks every
+//! [`IDLE_LOOK`] instead of waiting to be woken, so that a steady trickle of calls with the
+//! default lease wakes nobody. A driver whose runtime shut down is replaced by the next call.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
+use std::time::Duration;
+
+use tokio::sync::Notify;
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+
+/// How long an idle driver sleeps between looks at the map: less than a third of the default
+/// 30 s lease, so a call with that lease never has to wake it.
+pub(crate) const IDLE_LOOK: Duration = Duration::from_secs(5);
+
+/// Starts a heartbeat: spawns its task, on the driver's runtime.
+type Start = Box<dyn FnOnce() -> JoinHandle<()> + Send>;
+
+/// The engine's heartbeats not started yet, and their driver. Cloning shares them.
+#[derive(Clone, Default)]
+pub(crate) struct Heartbeats {
+    shared: Arc<Shared>,
+}
+
+impl fmt::Debug for Heartbeats {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Heartbeats")
+            .field("pending", &lock(&self.shared.state).due.len())
+            .finish()
+    }
+}
+
+#[derive(Default)]
+struct Shared {
+    state: Mutex<State>,
+    /// Wakes the driver when a heartbeat is due before its next look.
+    wake: Notify,
+}
+
+#[derive(Default)]
+struct State {
+    /// Heartbeats not started, by when they are due (and an id, for equal times).
+    due: BTreeMap<(Instant, u64), Arc<Slot>>,
+    next_id: u64,
+    driver: Option<JoinHandle<()>>,
+    /// When the driver looks next, unless woken; `None` until it has looked once.
+    next_look: Option<Instant>,
+}
+
+/// One execution's heartbeat.
+struct Slot {
+    state: Mutex<SlotState>,
+    /// Where it sits in the map while pending.
+    due: (Instant, u64),
+    heartbeats: Weak<Shared>,
+}
+
+enum SlotState {
+    /// Not started: the driver starts it when it is due.
+    Pending(Start),
+    /// Started; its task extends the lease until told to stop.
+    Running(JoinHandle<()>),
+    /// The execution ended, or its heartbeat was handed back: never to be started.
+    Ended,
+}
+
+/// A heartbeat armed by [`Heartbeats::arm`]; [`Armed::end`] disarms it. One pointer wide:
+/// every language package's call holds one.
+pub(crate) struct Armed(Arc<Slot>);
+
+impl fmt::Debug for Armed {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Armed").field("due", &self.0.due.0).finish()
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    // Every change under these locks is a single insert, removal or swap.
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+impl Heartbeats {
+    /// Arms a heartbeat that `start` spawns at `due` unless the execution ends first. Must be
+    /// called on a tokio runtime, where the driver runs.
+    pub(crate) fn arm(&self, due: Instant, start: Start) -> Armed {
+        let mut state = lock(&self.shared.state);
+        let key = (due, state.next_id);
+        state.next_id += 1;
+        let slot = Arc::new(Slot {
+            state: Mutex::new(SlotState::Pending(start)),
+            due: key,
+            heartbeats: Arc::downgrade(&self.shared),
+        });
+        state.due.insert(key, slot.clone());
+        let alive = state.driver.as_ref().is_some_and(|d| !d.is_finished());
+        if !alive {
+            state.next_look = None;
+            state.driver = Some(tokio::spawn(drive(Arc::downgrade(&self.shared))));
+        } else if state.next_look.is_none_or(|look| due < look) {
+            self.shared.wake.notify_one();
+        }
+        Armed(slot)
+    }
+}
+
+#[cfg(test)]
+impl Heartbeats {
+    /// Heartbeats armed and not started or ended yet.
+    pub(crate) fn pending(&self) -> usize {
+        lock(&self.shared.state).due.len()
+    }
+}
+
+impl Armed {
+    /// Disarms the heartbeat: one not started never will be (and nothing is left of it); one
+    /// running is handed back, for the caller to stop and wait for, or abort.
+    pub(crate) fn end(self) -> Option<JoinHandle<()>> {
+        let slot = &self.0;
+        let ended = std::mem::replace(&mut *lock(&slot.state), SlotState::Ended);
+        match ended {
+            SlotState::Pending(_) => {
+                if let Some(shared) = slot.heartbeats.upgrade() {
+                    lock(&shared.state).due.remove(&slot.due);
+                }
+                None
+            }
+            SlotState::Running(task) => Some(task),
+            SlotState::Ended => None,
+        }
+    }
+}
+
+impl Slot {
+    /// Starts the heartbeat, unless its execution ended meanwhile.
+    fn start(&self) {
+        let mut state = lock(&self.state);
+        *state = match std::mem::replace(&mut *state, SlotState::Ended) {
+            SlotState::Pending(start) => SlotState::Running(start()),
+            other => other,
+        };
+    }
+}
+
+/// The driver: starts each heartbeat when it is due. Ends once its engine is gone.
+async fn drive(shared: Weak<Shared>) {
+    loop {
+        let Some(shared) = shared.upgrade() else {
+            return;
+        };
+        let now = Instant::now();
+        let (due, next_look) = {
+            let mut state = lock(&shared.state);
+            let later = state.due.split_off(&(now, u64::MAX));
+            let due = std::mem::replace(&mut state.due, later);
+            let next_look = state
+                .due
+                .first_key_value()
+                .map_or(now + IDLE_LOOK, |((at, _), _)| *at);
+            state.next_look = Some(next_look);
+            (due, next_look)
+        };
+        for slot in due.into_values() {
+            slot.start();
+        }
+        // A call due earlier than `next_look` wakes it (a wake-up sent before this wait
+        // begins is kept, not lost).
+        let _ = tokio::time::timeout_at(next_look, shared.wake.notified()).await;
+    }
+}
