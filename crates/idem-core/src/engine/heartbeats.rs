@@ -11,10 +11,16 @@
 //! first extend goes out at once: the same moment the spawned task would have sent it. A call
 //! that ends first takes itself out of the map, and nothing ever ran for it.
 //!
-//! The driver is woken only when a call is due before the driver's next look, which with
-//! equal leases happens only if the driver was idle; an idle driver looks every
-//! [`IDLE_LOOK`] instead of waiting to be woken, so that a steady trickle of calls with the
-//! default lease wakes nobody. A driver whose runtime shut down is replaced by the next call.
+//! The driver is woken only when a call is due before the driver's next look. With equal
+//! leases that happens only if the driver was idle, and an idle driver looks every
+//! [`IDLE_LOOK`] instead of waiting to be woken, so calls with a lease of three times that or
+//! more (the default 30 s) wake nobody; a shorter lease wakes the idle driver once per call.
+//! The driver looks every [`IDLE_LOOK`] for as long as its engine lives.
+//!
+//! **Runtimes.** A heartbeat runs on the runtime of the call that armed it, as a task spawned
+//! there would have. The driver runs on the runtime of the call that started it. If that
+//! runtime shuts down, the driver's drop starts every heartbeat still pending on its own
+//! call's runtime, to wait there until it is due, and the next call starts a new driver.
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -29,8 +35,9 @@ use tokio::time::Instant;
 /// 30 s lease, so a call with that lease never has to wake it.
 pub(crate) const IDLE_LOOK: Duration = Duration::from_secs(5);
 
-/// Starts a heartbeat: spawns its task, on the driver's runtime.
-type Start = Box<dyn FnOnce() -> JoinHandle<()> + Send>;
+/// Starts a heartbeat: spawns its task on the armed call's runtime, its first extend after
+/// the pause given.
+pub(crate) type Start = Box<dyn FnOnce(Duration) -> JoinHandle<()> + Send>;
 
 /// The engine's heartbeats not started yet, and their driver. Cloning shares them.
 #[derive(Clone, Default)]
@@ -147,18 +154,42 @@ impl Armed {
 }
 
 impl Slot {
-    /// Starts the heartbeat, unless its execution ended meanwhile.
-    fn start(&self) {
+    /// Starts the heartbeat, its first extend after `first`, unless its execution ended
+    /// meanwhile.
+    fn start(&self, first: Duration) {
         let mut state = lock(&self.state);
         *state = match std::mem::replace(&mut *state, SlotState::Ended) {
-            SlotState::Pending(start) => SlotState::Running(start()),
+            SlotState::Pending(start) => SlotState::Running(start(first)),
             other => other,
         };
     }
 }
 
+/// Dropped with the driver's future: normally when its engine is gone (nothing pending), or
+/// when its runtime shuts down under it. Then each pending heartbeat starts now on its own
+/// call's runtime, to wait there until it is due, and the next call starts a new driver.
+struct DriverGone(Weak<Shared>);
+
+impl Drop for DriverGone {
+    fn drop(&mut self) {
+        let Some(shared) = self.0.upgrade() else {
+            return;
+        };
+        let pending = {
+            let mut state = lock(&shared.state);
+            state.next_look = None;
+            std::mem::take(&mut state.due)
+        };
+        let now = Instant::now();
+        for ((due, _), slot) in pending {
+            slot.start(due.saturating_duration_since(now));
+        }
+    }
+}
+
 /// The driver: starts each heartbeat when it is due. Ends once its engine is gone.
 async fn drive(shared: Weak<Shared>) {
+    let _gone = DriverGone(shared.clone());
     loop {
         let Some(shared) = shared.upgrade() else {
             return;
@@ -176,7 +207,7 @@ async fn drive(shared: Weak<Shared>) {
             (due, next_look)
         };
         for slot in due.into_values() {
-            slot.start();
+            slot.start(Duration::ZERO);
         }
         // A call due earlier than `next_look` wakes it (a wake-up sent before this wait
         // begins is kept, not lost).

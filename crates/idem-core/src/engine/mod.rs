@@ -223,11 +223,12 @@ impl<S: Store> Engine<S> {
     /// outside the engine's future: a language binding whose function must run on the
     /// caller's own thread. Claims (waiting for a duplicate in flight as `run` does) and
     /// answers either the final answer, or an [`Execution`] that holds the lease, keeps it
-    /// alive from a task of its own, and is finished with what the effect reported.
+    /// alive (with a heartbeat started only once the execution outlives a third of its lease,
+    /// see `heartbeats`), and is finished with what the effect reported.
     ///
     /// # Panics
-    /// Outside a multi-threaded tokio runtime (the heartbeat is spawned on it and must run
-    /// while the caller's function does), before anything is claimed.
+    /// Outside a multi-threaded tokio runtime (the heartbeat runs on it and must run while
+    /// the caller's function does), before anything is claimed.
     ///
     /// Dropping the execution without finishing it stops the heartbeat: the lease runs out
     /// and the record reads as abandoned, as when `run`'s future is dropped.
@@ -264,12 +265,13 @@ impl<S: Store> Engine<S> {
         let beat = {
             let (store, scope, key) = (self.store.clone(), scope.clone(), key.clone());
             let (token, lease) = (lease.token, policy.lease);
+            // On this call's runtime, whichever runtime the driver runs on.
+            let here = tokio::runtime::Handle::current();
             self.heartbeats.arm(
                 Instant::now() + beat_interval(lease),
-                Box::new(move || {
-                    tokio::spawn(async move {
-                        heartbeat(&store, &scope, &key, token, lease, Duration::ZERO, stopped)
-                            .await;
+                Box::new(move |first| {
+                    here.spawn(async move {
+                        heartbeat(&store, &scope, &key, token, lease, first, stopped).await;
                     })
                 }),
             )
@@ -555,11 +557,18 @@ async fn heartbeat<S: Store>(
 ) {
     let mut pause = first;
     loop {
-        tokio::select! {
-            biased;
-            // Told to stop, or the execution is gone: stop between extends.
-            _ = stopped.wait_for(|stop| *stop) => return,
-            () = tokio::time::sleep(pause) => {}
+        if pause.is_zero() {
+            // Due now (started late by `heartbeats`): no timer, which would round up.
+            if *stopped.borrow() {
+                return;
+            }
+        } else {
+            tokio::select! {
+                biased;
+                // Told to stop, or the execution is gone: stop between extends.
+                _ = stopped.wait_for(|stop| *stop) => return,
+                () = tokio::time::sleep(pause) => {}
+            }
         }
         pause = beat_interval(lease);
         match store.extend(scope, key, token, lease).await {
@@ -1381,7 +1390,7 @@ mod tests {
         let store = MemoryStore::new();
         let engine = Engine::new(store.clone());
         let p = Policy {
-            lease: Duration::from_millis(150),
+            lease: Duration::from_millis(300),
             ..Policy::default()
         };
         let first = runtime();
@@ -1394,9 +1403,54 @@ mod tests {
         drop(first);
         runtime().block_on(async {
             let e = begin_new(&engine, "b", &p).await;
-            tokio::time::sleep(Duration::from_millis(600)).await;
+            tokio::time::sleep(Duration::from_millis(1_000)).await;
             still_in_flight(&engine, "b", &p).await;
             let done = e
+                .finish(Effect::Done(StoredResponse::new(200, "ok")), ())
+                .await;
+            assert!(
+                matches!(
+                    done,
+                    Answer::Executed {
+                        kept: Kept::Stored,
+                        ..
+                    }
+                ),
+                "{done:?}"
+            );
+        });
+    }
+
+    /// A call armed on one runtime while the driver runs on another is kept alive when the
+    /// driver's runtime shuts down in the middle of the call: the driver's drop starts the
+    /// heartbeat on the call's own runtime.
+    #[test]
+    fn a_call_outlives_the_runtime_its_driver_ran_on() {
+        let runtime = || {
+            tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(2)
+                .enable_all()
+                .build()
+                .unwrap()
+        };
+        let engine = Engine::new(MemoryStore::new());
+        let p = Policy {
+            lease: Duration::from_millis(300),
+            ..Policy::default()
+        };
+        let (driver_runtime, call_runtime) = (runtime(), runtime());
+        driver_runtime.block_on(async {
+            begin_new(&engine, "a", &p)
+                .await
+                .finish(Effect::Done(StoredResponse::new(200, "ok")), ())
+                .await;
+        });
+        let call = call_runtime.block_on(begin_new(&engine, "b", &p));
+        drop(driver_runtime);
+        call_runtime.block_on(async {
+            tokio::time::sleep(Duration::from_millis(1_000)).await;
+            still_in_flight(&engine, "b", &p).await;
+            let done = call
                 .finish(Effect::Done(StoredResponse::new(200, "ok")), ())
                 .await;
             assert!(
