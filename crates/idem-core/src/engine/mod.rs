@@ -1315,6 +1315,31 @@ mod tests {
         }
     }
 
+    /// Finishes `execution` with a result, which is stored.
+    async fn finish_stored<S: Store>(execution: Execution<S>) {
+        let done = execution
+            .finish(Effect::Done(StoredResponse::new(200, "ok")), ())
+            .await;
+        assert!(
+            matches!(
+                done,
+                Answer::Executed {
+                    kept: Kept::Stored,
+                    ..
+                }
+            ),
+            "{done:?}"
+        );
+    }
+
+    fn multi_thread_runtime() -> tokio::runtime::Runtime {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .unwrap()
+    }
+
     /// A duplicate of `key` is told its call is still in flight: the lease is alive.
     async fn still_in_flight<S: Store + Clone + std::fmt::Debug>(
         engine: &Engine<S>,
@@ -1380,20 +1405,13 @@ mod tests {
     /// runtime is still kept alive.
     #[test]
     fn heartbeats_go_on_when_the_first_runtime_is_gone() {
-        let runtime = || {
-            tokio::runtime::Builder::new_multi_thread()
-                .worker_threads(2)
-                .enable_all()
-                .build()
-                .unwrap()
-        };
         let store = MemoryStore::new();
         let engine = Engine::new(store.clone());
         let p = Policy {
             lease: Duration::from_millis(300),
             ..Policy::default()
         };
-        let first = runtime();
+        let first = multi_thread_runtime();
         first.block_on(async {
             begin_new(&engine, "a", &p)
                 .await
@@ -1401,23 +1419,11 @@ mod tests {
                 .await;
         });
         drop(first);
-        runtime().block_on(async {
+        multi_thread_runtime().block_on(async {
             let e = begin_new(&engine, "b", &p).await;
             tokio::time::sleep(Duration::from_millis(1_000)).await;
             still_in_flight(&engine, "b", &p).await;
-            let done = e
-                .finish(Effect::Done(StoredResponse::new(200, "ok")), ())
-                .await;
-            assert!(
-                matches!(
-                    done,
-                    Answer::Executed {
-                        kept: Kept::Stored,
-                        ..
-                    }
-                ),
-                "{done:?}"
-            );
+            finish_stored(e).await;
         });
     }
 
@@ -1426,19 +1432,12 @@ mod tests {
     /// heartbeat on the call's own runtime.
     #[test]
     fn a_call_outlives_the_runtime_its_driver_ran_on() {
-        let runtime = || {
-            tokio::runtime::Builder::new_multi_thread()
-                .worker_threads(2)
-                .enable_all()
-                .build()
-                .unwrap()
-        };
         let engine = Engine::new(MemoryStore::new());
         let p = Policy {
             lease: Duration::from_millis(300),
             ..Policy::default()
         };
-        let (driver_runtime, call_runtime) = (runtime(), runtime());
+        let (driver_runtime, call_runtime) = (multi_thread_runtime(), multi_thread_runtime());
         driver_runtime.block_on(async {
             begin_new(&engine, "a", &p)
                 .await
@@ -1450,19 +1449,7 @@ mod tests {
         call_runtime.block_on(async {
             tokio::time::sleep(Duration::from_millis(1_000)).await;
             still_in_flight(&engine, "b", &p).await;
-            let done = call
-                .finish(Effect::Done(StoredResponse::new(200, "ok")), ())
-                .await;
-            assert!(
-                matches!(
-                    done,
-                    Answer::Executed {
-                        kept: Kept::Stored,
-                        ..
-                    }
-                ),
-                "{done:?}"
-            );
+            finish_stored(call).await;
         });
     }
 
