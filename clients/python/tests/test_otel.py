@@ -116,5 +116,47 @@ class Spans(unittest.TestCase):
         self.assertEqual(inner[0].parent.span_id, outer.context.span_id)
 
 
+# Before the application sets a tracer provider, no span is started (it would record nothing
+# and cost more than the replay); one set afterwards is honoured from the next call. Its own
+# process: the global provider can be set only once.
+BEFORE_AND_AFTER = """
+from opentelemetry import trace
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from idem_runtime import _otel, idempotent, scope
+
+@idempotent(store="memory:", tool="ship")
+def ship(order: str) -> dict:
+    return {"shipped": order}
+
+with scope("run-1"):
+    assert ship("o-1") == {"shipped": "o-1"}
+    with _otel.tool_span("ship") as span:
+        assert span is None, span
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    trace.set_tracer_provider(provider)
+    assert ship("o-1") == {"shipped": "o-1"}
+    names = [s.name for s in exporter.get_finished_spans()]
+    assert names == ["execute_tool ship"], names
+print("ok")
+"""
+
+
+class ProviderSetLater(unittest.TestCase):
+    def test_no_span_before_a_provider_is_set_and_spans_after(self):
+        if trace is None:
+            self.skipTest("opentelemetry-sdk is not installed (tests/requirements.txt)")
+        import subprocess
+        import sys
+
+        p = subprocess.run(
+            [sys.executable, "-c", BEFORE_AND_AFTER], capture_output=True, text=True, timeout=60
+        )
+        self.assertEqual((p.returncode, p.stdout.strip()), (0, "ok"), p.stderr)
+
+
 if __name__ == "__main__":
     unittest.main()
