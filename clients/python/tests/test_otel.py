@@ -152,8 +152,16 @@ class ProviderSetLater(unittest.TestCase):
         import subprocess
         import sys
 
+        from cli_support import subprocess_env
+
+        # No provider from the environment (OTEL_PYTHON_TRACER_PROVIDER).
+        env = {k: v for k, v in subprocess_env().items() if not k.startswith("OTEL_")}
         p = subprocess.run(
-            [sys.executable, "-c", BEFORE_AND_AFTER], capture_output=True, text=True, timeout=60
+            [sys.executable, "-c", BEFORE_AND_AFTER],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env=env,
         )
         self.assertEqual((p.returncode, p.stdout.strip()), (0, "ok"), p.stderr)
 

@@ -65,7 +65,12 @@ struct State {
     /// Heartbeats not started, by when they are due (and an id, for equal times).
     due: BTreeMap<(Instant, u64), Arc<Slot>>,
     next_id: u64,
-    driver: Option<JoinHandle<()>>,
+    /// Whether a driver is running (or spawned and about to): set when one is spawned, cleared
+    /// by that driver's drop, under this lock, so that a call armed at any moment is seen by
+    /// a driver that is still to look or by a new one.
+    driver_alive: bool,
+    /// Which driver is the live one, so that only its own drop clears `driver_alive`.
+    driver_generation: u64,
     /// When the driver looks next, unless woken; `None` until it has looked once.
     next_look: Option<Instant>,
 }
@@ -106,21 +111,36 @@ impl Heartbeats {
     /// Arms a heartbeat that `start` spawns at `due` unless the execution ends first. Must be
     /// called on a tokio runtime, where the driver runs.
     pub(crate) fn arm(&self, due: Instant, start: Start) -> Armed {
-        let mut state = lock(&self.shared.state);
-        let key = (due, state.next_id);
-        state.next_id += 1;
-        let slot = Arc::new(Slot {
-            state: Mutex::new(SlotState::Pending(start)),
-            due: key,
-            heartbeats: Arc::downgrade(&self.shared),
-        });
-        state.due.insert(key, slot.clone());
-        let alive = state.driver.as_ref().is_some_and(|d| !d.is_finished());
-        if !alive {
-            state.next_look = None;
-            state.driver = Some(tokio::spawn(drive(Arc::downgrade(&self.shared))));
-        } else if state.next_look.is_none_or(|look| due < look) {
-            self.shared.wake.notify_one();
+        let (slot, new_driver) = {
+            let mut state = lock(&self.shared.state);
+            let key = (due, state.next_id);
+            state.next_id += 1;
+            let slot = Arc::new(Slot {
+                state: Mutex::new(SlotState::Pending(start)),
+                due: key,
+                heartbeats: Arc::downgrade(&self.shared),
+            });
+            state.due.insert(key, slot.clone());
+            let new_driver = if state.driver_alive {
+                if state.next_look.is_none_or(|look| due < look) {
+                    self.shared.wake.notify_one();
+                }
+                None
+            } else {
+                state.driver_alive = true;
+                state.driver_generation += 1;
+                state.next_look = None;
+                Some(DriverGone {
+                    shared: Arc::downgrade(&self.shared),
+                    generation: state.driver_generation,
+                })
+            };
+            (slot, new_driver)
+        };
+        // Spawned outside the lock: a future spawned onto a runtime that is closing is dropped
+        // at once, inside `spawn`, and its guard takes the lock.
+        if let Some(gone) = new_driver {
+            drop(tokio::spawn(drive(gone)));
         }
         Armed(slot)
     }
@@ -165,18 +185,26 @@ impl Slot {
     }
 }
 
-/// Dropped with the driver's future: normally when its engine is gone (nothing pending), or
-/// when its runtime shuts down under it. Then each pending heartbeat starts now on its own
-/// call's runtime, to wait there until it is due, and the next call starts a new driver.
-struct DriverGone(Weak<Shared>);
+/// Owned by the driver's future (an argument, so it is dropped even with a future never
+/// polled): dropped normally when its engine is gone (nothing pending), or when its runtime
+/// shuts down under it. Then each pending heartbeat starts now on its own call's runtime, to
+/// wait there until it is due, and the next call starts a new driver.
+struct DriverGone {
+    shared: Weak<Shared>,
+    generation: u64,
+}
 
 impl Drop for DriverGone {
     fn drop(&mut self) {
-        let Some(shared) = self.0.upgrade() else {
+        let Some(shared) = self.shared.upgrade() else {
             return;
         };
         let pending = {
             let mut state = lock(&shared.state);
+            if state.driver_generation != self.generation {
+                return;
+            }
+            state.driver_alive = false;
             state.next_look = None;
             std::mem::take(&mut state.due)
         };
@@ -188,10 +216,9 @@ impl Drop for DriverGone {
 }
 
 /// The driver: starts each heartbeat when it is due. Ends once its engine is gone.
-async fn drive(shared: Weak<Shared>) {
-    let _gone = DriverGone(shared.clone());
+async fn drive(gone: DriverGone) {
     loop {
-        let Some(shared) = shared.upgrade() else {
+        let Some(shared) = gone.shared.upgrade() else {
             return;
         };
         let now = Instant::now();

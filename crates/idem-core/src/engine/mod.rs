@@ -1433,8 +1433,10 @@ mod tests {
     #[test]
     fn a_call_outlives_the_runtime_its_driver_ran_on() {
         let engine = Engine::new(MemoryStore::new());
+        // Long enough that the driver's runtime is gone before the heartbeat is due, even on
+        // a loaded machine, so only the driver's drop can start it.
         let p = Policy {
-            lease: Duration::from_millis(300),
+            lease: Duration::from_millis(1_500),
             ..Policy::default()
         };
         let (driver_runtime, call_runtime) = (multi_thread_runtime(), multi_thread_runtime());
@@ -1445,9 +1447,15 @@ mod tests {
                 .await;
         });
         let call = call_runtime.block_on(begin_new(&engine, "b", &p));
+        assert_eq!(engine.heartbeats.pending(), 1);
         drop(driver_runtime);
+        assert_eq!(
+            engine.heartbeats.pending(),
+            0,
+            "the driver's drop started it"
+        );
         call_runtime.block_on(async {
-            tokio::time::sleep(Duration::from_millis(1_000)).await;
+            tokio::time::sleep(Duration::from_millis(2_000)).await;
             still_in_flight(&engine, "b", &p).await;
             finish_stored(call).await;
         });
