@@ -10,6 +10,7 @@ import sys
 import tempfile
 import textwrap
 import threading
+import time
 import unittest
 import uuid
 
@@ -369,6 +370,36 @@ class InFlight(unittest.TestCase):
         self.assertEqual(got[0][0], 10)
         self.assertTrue(got[0][1].replayed)
         self.assertEqual(calls, [1])
+
+    def test_a_call_longer_than_its_lease_stays_in_flight(self):
+        # The heartbeat extends the lease while the function runs (started only once the call
+        # outlives a third of it): a duplicate after 2.5 leases is told the call is in flight,
+        # not that its outcome is unknown, and nothing runs twice.
+        release, entered = threading.Event(), threading.Event()
+        calls = []
+        with tempfile.TemporaryDirectory() as tmp:
+
+            @idempotent(store=f"sqlite:{tmp}/idem.db", scope=unique(), lease=1, wait=0)
+            def slow(x: int) -> int:
+                calls.append(x)
+                entered.set()
+                release.wait(30)
+                return x * 10
+
+            results = []
+            worker = threading.Thread(target=lambda: results.append(slow(1)))
+            worker.start()
+            try:
+                self.assertTrue(entered.wait(30))
+                time.sleep(2.5)
+                with self.assertRaises(InFlightError):
+                    slow(1)
+            finally:
+                release.set()
+                worker.join()
+            self.assertEqual(results, [10])
+            self.assertEqual(slow(1), 10)
+            self.assertEqual(calls, [1])
 
 
 import unittest.mock  # noqa: E402
