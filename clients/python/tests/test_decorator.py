@@ -329,11 +329,11 @@ class ExplicitKeyAndScope(unittest.TestCase):
 
 
 class InFlight(unittest.TestCase):
-    def in_flight(self, wait):
+    def in_flight(self, wait, store="memory:", **options):
         release, entered = threading.Event(), threading.Event()
         calls = []
 
-        @idempotent(store="memory:", scope=unique(), wait=wait)
+        @idempotent(store=store, scope=unique(), wait=wait, **options)
         def slow(x: int) -> int:
             calls.append(x)
             entered.set()
@@ -375,31 +375,19 @@ class InFlight(unittest.TestCase):
         # The heartbeat extends the lease while the function runs (started only once the call
         # outlives a third of it): a duplicate after 2.5 leases is told the call is in flight,
         # not that its outcome is unknown, and nothing runs twice.
-        release, entered = threading.Event(), threading.Event()
-        calls = []
-        with tempfile.TemporaryDirectory() as tmp:
-
-            @idempotent(store=f"sqlite:{tmp}/idem.db", scope=unique(), lease=1, wait=0)
-            def slow(x: int) -> int:
-                calls.append(x)
-                entered.set()
-                release.wait(30)
-                return x * 10
-
-            results = []
-            worker = threading.Thread(target=lambda: results.append(slow(1)))
-            worker.start()
-            try:
-                self.assertTrue(entered.wait(30))
-                time.sleep(2.5)
-                with self.assertRaises(InFlightError):
-                    slow(1)
-            finally:
-                release.set()
-                worker.join()
-            self.assertEqual(results, [10])
-            self.assertEqual(slow(1), 10)
-            self.assertEqual(calls, [1])
+        tmp = tempfile.TemporaryDirectory()
+        self.addCleanup(tmp.cleanup)
+        slow, release, worker, results, calls = self.in_flight(0, f"sqlite:{tmp.name}/idem.db", lease=1)
+        try:
+            time.sleep(2.5)
+            with self.assertRaises(InFlightError):
+                slow(1)
+        finally:
+            release.set()
+            worker.join()
+        self.assertEqual(results, [10])
+        self.assertEqual(slow(1), 10)
+        self.assertEqual(calls, [1])
 
 
 import unittest.mock  # noqa: E402

@@ -12,7 +12,8 @@ use idem_core::{
     AbandonedPolicy, Claim, ClaimRequest, Fingerprint, Key, Scope, Store, StoreError,
     StoredResponse,
 };
-use idem_store_sqlite::{SqliteOptions, SqliteStore};
+use idem_store_sqlite::SqliteStore;
+use idem_store_sqlite::testing::open_bounded;
 
 fn req(k: &str) -> ClaimRequest {
     ClaimRequest {
@@ -72,14 +73,9 @@ async fn stuck_reads_answer_at_the_bound_on_a_fixed_set_of_threads() {
     let _turn = ONE_AT_A_TIME.lock().await;
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("idem.db");
-    let options = SqliteOptions {
-        // A read stuck on the WAL's read locks retries for about 10 s, whatever the busy
-        // timeout, then fails; the operation timeout answers first.
-        busy_timeout: Duration::from_secs(120),
-        op_timeout: Duration::from_millis(500),
-        ..SqliteOptions::default()
-    };
-    let store = SqliteStore::open_with(&path, options).unwrap();
+    // A read stuck on the WAL's read locks retries for about 10 s, whatever the busy
+    // timeout, then fails; the operation timeout answers first.
+    let store = open_bounded(&path).unwrap();
     let Ok(Claim::Acquired(lease)) = store.claim(req("done")).await else {
         panic!("a fresh key is acquired");
     };

@@ -9,7 +9,7 @@ use std::time::Duration;
 use idem_core::{
     AbandonedPolicy, Claim, ClaimRequest, Fingerprint, Key, Scope, Store, SystemClock,
 };
-use idem_store_sqlite::testing::WriteLock;
+use idem_store_sqlite::testing::{WriteLock, open_bounded};
 use idem_store_sqlite::{SqliteOptions, SqliteStore};
 
 fn req(k: &str, lease: Duration, on_abandoned: AbandonedPolicy) -> ClaimRequest {
@@ -191,14 +191,9 @@ async fn a_claim_whose_caller_went_away_is_released() {
 async fn a_stalled_writer_answers_unavailable_at_the_bound_and_grants_nobody() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("idem.db");
-    let options = SqliteOptions {
-        // Far longer than the test waits: without the operation timeout a claim would wait
-        // all of it.
-        busy_timeout: Duration::from_secs(120),
-        op_timeout: Duration::from_millis(500),
-        ..SqliteOptions::default()
-    };
-    let store = SqliteStore::open_with(&path, options).unwrap();
+    // The busy timeout is far longer than the test waits: without the operation timeout a
+    // claim would wait all of it.
+    let store = open_bounded(&path).unwrap();
     let lock = WriteLock::hold(&path).unwrap();
     let claim = |k: &'static str| {
         let store = store.clone();

@@ -67,10 +67,9 @@ struct State {
     next_id: u64,
     /// Whether a driver is running (or spawned and about to): set when one is spawned, cleared
     /// by that driver's drop, under this lock, so that a call armed at any moment is seen by
-    /// a driver that is still to look or by a new one.
+    /// a driver that is still to look or by a new one. Only the live driver can clear it: a
+    /// new one is spawned only after the last one's drop has.
     driver_alive: bool,
-    /// Which driver is the live one, so that only its own drop clears `driver_alive`.
-    driver_generation: u64,
     /// When the driver looks next, unless woken; `None` until it has looked once.
     next_look: Option<Instant>,
 }
@@ -128,12 +127,8 @@ impl Heartbeats {
                 None
             } else {
                 state.driver_alive = true;
-                state.driver_generation += 1;
                 state.next_look = None;
-                Some(DriverGone {
-                    shared: Arc::downgrade(&self.shared),
-                    generation: state.driver_generation,
-                })
+                Some(DriverGone(Arc::downgrade(&self.shared)))
             };
             (slot, new_driver)
         };
@@ -189,21 +184,15 @@ impl Slot {
 /// polled): dropped normally when its engine is gone (nothing pending), or when its runtime
 /// shuts down under it. Then each pending heartbeat starts now on its own call's runtime, to
 /// wait there until it is due, and the next call starts a new driver.
-struct DriverGone {
-    shared: Weak<Shared>,
-    generation: u64,
-}
+struct DriverGone(Weak<Shared>);
 
 impl Drop for DriverGone {
     fn drop(&mut self) {
-        let Some(shared) = self.shared.upgrade() else {
+        let Some(shared) = self.0.upgrade() else {
             return;
         };
         let pending = {
             let mut state = lock(&shared.state);
-            if state.driver_generation != self.generation {
-                return;
-            }
             state.driver_alive = false;
             state.next_look = None;
             std::mem::take(&mut state.due)
@@ -218,7 +207,7 @@ impl Drop for DriverGone {
 /// The driver: starts each heartbeat when it is due. Ends once its engine is gone.
 async fn drive(gone: DriverGone) {
     loop {
-        let Some(shared) = gone.shared.upgrade() else {
+        let Some(shared) = gone.0.upgrade() else {
             return;
         };
         let now = Instant::now();
