@@ -144,15 +144,31 @@ fn child_race() {
 }
 
 /// Two processes, 32 tasks each, race over the same 1000 keys in one file: every key is
-/// acquired by exactly one of them, and the file holds that winner's result.
+/// acquired by exactly one of them, and the file holds that winner's result. SQLite does not
+/// queue waiting writers fairly: now and then one process's writer takes the lock back after
+/// every commit and the other waits until all keys are gone, which is safe but no race. So
+/// the race is run again (on a new file, every check repeated) until both processes have won
+/// keys, at most three times.
 #[test]
 fn two_processes_race_on_one_file() {
     let dir = tempfile::tempdir().unwrap();
-    let db = dir.path().join("race.db");
+    let mut wins = Vec::new();
+    for attempt in 0..3 {
+        let per_process = race_once(&dir.path().join(format!("race-{attempt}.db")));
+        if per_process.len() == 2 {
+            return;
+        }
+        wins.push(per_process);
+    }
+    panic!("both processes must win keys for this to be a race; keys won per process: {wins:?}");
+}
+
+/// One race on a new file at `db`, every key checked; returns how many keys each process won.
+fn race_once(db: &Path) -> std::collections::BTreeMap<String, usize> {
     // Create the file first so the children race on claims, not on creating the schema.
-    drop(SqliteStore::open(&db).expect("open"));
+    drop(SqliteStore::open(db).expect("open"));
     let mut children: Vec<Child> = (0..2)
-        .map(|i| spawn_child("child_race", &db, &[("IDEM_RACE_REVERSE", i.to_string())]))
+        .map(|i| spawn_child("child_race", db, &[("IDEM_RACE_REVERSE", i.to_string())]))
         .collect();
     // Both children have opened the file before either starts, so they really race.
     let mut outputs: Vec<BufReader<std::process::ChildStdout>> = Vec::new();
@@ -187,21 +203,16 @@ fn two_processes_race_on_one_file() {
         let status = child.wait().expect("wait");
         assert!(status.success(), "a racing child failed: {status:?}");
     }
-    let mut per_process: std::collections::BTreeMap<&str, usize> = Default::default();
+    let mut per_process: std::collections::BTreeMap<String, usize> = Default::default();
     for pids in winners.values() {
         for pid in pids {
-            *per_process.entry(pid.as_str()).or_default() += 1;
+            *per_process.entry(pid.clone()).or_default() += 1;
         }
     }
     eprintln!("keys won per process: {per_process:?}");
-    assert_eq!(
-        per_process.len(),
-        2,
-        "both processes must win keys for this to be a race"
-    );
     assert_eq!(winners.len(), RACE_KEYS, "every key is won");
     let rt = runtime();
-    let store = SqliteStore::open(&db).expect("open");
+    let store = SqliteStore::open(db).expect("open");
     for (k, pids) in &winners {
         assert_eq!(pids.len(), 1, "{k} acquired by {pids:?}");
         let rec = rt
@@ -216,6 +227,7 @@ fn two_processes_race_on_one_file() {
             "{k}"
         );
     }
+    per_process
 }
 
 /// Child: claims keys from 16 tasks as fast as it can and prints `CLAIMED <key>` as soon as
