@@ -191,8 +191,8 @@ async fn the_admin_token_is_accepted_with_the_scheme_in_any_case() {
 }
 
 /// Spellings of a keyed route that services route to it (Express and ASP.NET ignore case,
-/// IIS trims trailing dots and spaces, Rails and Spring strip a format suffix) need its key
-/// too; a method-override header, which frameworks obey, and encoded control characters are
+/// IIS trims trailing dots and spaces, Rails and Spring strip a format suffix, WSGI servers
+/// decode an encoded slash) need its key too; a method-override header, which frameworks obey, and encoded control characters are
 /// refused. None reaches the upstream without a key.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn spellings_services_route_to_a_keyed_endpoint_need_its_key() {
@@ -204,6 +204,9 @@ async fn spellings_services_route_to_a_keyed_endpoint_need_its_key() {
         "/v1/charges.",
         "/v1/charges.json",
         "/v1/charges%20",
+        "/v1%2Fcharges",
+        "/%2Fv1/charges",
+        "/v1%5Ccharges",
     ] {
         let r = raw(g.addr, &request("POST", target, "", BODY)).await;
         assert_eq!(

@@ -204,6 +204,34 @@ fn resolve_segments(path: &str) -> String {
     format!("/{}", out.join("/"))
 }
 
+/// The normalised `path` with each encoded slash or backslash (`%2F`, `%5C`, in either case)
+/// read as `/`, normalised again: how a service that decodes them routes the request. `None`
+/// when the path has none (nearly every request: one scan for `%`).
+fn split_at_encoded_separators(path: &str) -> Option<String> {
+    if !path.contains('%') {
+        return None;
+    }
+    let lowered = path.to_ascii_lowercase();
+    if !lowered.contains("%2f") && !lowered.contains("%5c") {
+        return None;
+    }
+    let mut out = String::with_capacity(path.len());
+    let mut rest = path;
+    while let Some(i) = rest.find('%') {
+        out.push_str(&rest[..i]);
+        let escape = rest.get(i..i + 3).map(str::to_ascii_lowercase);
+        if matches!(escape.as_deref(), Some("%2f" | "%5c")) {
+            out.push('/');
+            rest = &rest[i + 3..];
+        } else {
+            out.push('%');
+            rest = &rest[i + 1..];
+        }
+    }
+    out.push_str(rest);
+    Some(resolve_segments(&out))
+}
+
 /// Whether [`normalize`] would return `path` unchanged: it starts with `/`, and has no escape,
 /// no `;`, and no empty, `.` or `..` segment after the first `/`.
 fn is_normal(path: &str) -> bool {
@@ -381,11 +409,22 @@ impl Routes {
     /// The policy for a request. The path is normalised first, so that spellings an
     /// upstream would treat as the same resource (`/v1//charges`, `/v1/./charges`,
     /// `/v1/%63harges`, `/v1/charges;x=1`) cannot dodge a route's policy.
+    ///
+    /// A path with an encoded slash or backslash (`%2F`, `%5C`) is read both ways: as it is
+    /// (Express and Rails keep `a%2Fb` one segment) and split there (WSGI servers such as
+    /// Flask and Django decode it, so `/v1%2Fcharges` runs as `/v1/charges`; servers that read
+    /// a backslash as `/` do the same with `%5C`). A route that matches either reading
+    /// matches: the first such route decides.
     pub fn policy_for(&self, method: &Method, path: &str) -> &RoutePolicy {
         let path = normalize(path);
+        let split = split_at_encoded_separators(&path);
         self.routes
             .iter()
-            .find(|r| r.method.as_ref().is_none_or(|m| m == method) && r.path.matches(&path))
+            .find(|r| {
+                r.method.as_ref().is_none_or(|m| m == method)
+                    && (r.path.matches(&path)
+                        || split.as_deref().is_some_and(|s| r.path.matches(s)))
+            })
             .map_or(&self.default, |r| &r.policy)
     }
 
@@ -442,6 +481,27 @@ mod tests {
                 .policy_for(&Method::POST, "/v1/charges%2Fx")
                 .require_key
         );
+        // Encoded slashes and backslashes are read both ways: as one segment (Express,
+        // Rails) and as separators (WSGI servers).
+        for path in [
+            "/v1%2Fcharges",
+            "/v1%2fcharges",
+            "/%2Fv1/charges",
+            "/%2Fv1%2Fcharges%2F",
+            "/v1%5Ccharges",
+            "/v1%5c%2Fcharges",
+            "/V1%2FCharges.json",
+        ] {
+            assert!(routes.policy_for(&Method::POST, path).require_key, "{path}");
+        }
+        let files = Routes::default().route(
+            Some(Method::PUT),
+            p("/files/{name}"),
+            RoutePolicy::requiring_key(),
+        );
+        // Kept as one segment, `a%2Fb` is the route's one parameter.
+        assert!(files.policy_for(&Method::PUT, "/files/a%2Fb").require_key);
+        assert!(!files.policy_for(&Method::PUT, "/files/a/b").require_key);
         assert_eq!(normalize("/a/%7Euser/../b"), "/a/b");
         assert_eq!(normalize(""), "/");
         // The fast path agrees with the general one.
