@@ -176,6 +176,16 @@ fn idem(args: &[&str], db: &Path) -> std::process::Output {
         .unwrap_or_else(|e| panic!("{e}"))
 }
 
+/// The state `idem inspect --json` reports for `key` in scope `anonymous`, or what it printed
+/// instead.
+fn record_state(key: &str, db: &Path) -> String {
+    let out = idem(&["inspect", key, "--json"], db);
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
+    v["state"]
+        .as_str()
+        .map_or_else(|| format!("{out:?}"), str::to_owned)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_upstream_timeout_is_an_unknown_outcome_until_an_operator_resolves_it() {
     let (up_addr, up) = start_upstream().await;
@@ -258,10 +268,30 @@ async fn sigterm_drains_in_flight_requests() {
     assert!(status.success(), "exit after SIGTERM: {status:?}");
     assert_eq!(up.0.load(Ordering::SeqCst), 1);
     // The result was stored before the gateway exited.
-    let inspect = idem(&["inspect", "drain"], &g.db);
-    assert!(
-        String::from_utf8_lossy(&inspect.stdout).contains("completed"),
-        "{inspect:?}"
+    assert_eq!(record_state("drain", &g.db), "completed");
+}
+
+/// A client that hangs up does not cancel its execution, and a SIGTERM that comes after does
+/// not either: the gateway waits for it as for a request whose client still waits, and
+/// stores its result, so a retry replays it instead of finding the outcome unknown.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_waits_for_executions_whose_clients_hung_up() {
+    let (up_addr, up) = start_upstream().await;
+    let mut g = start_gateway(&format!("http://{up_addr}"), "");
+    let left = spawn_slow_charge(&g, "left", 1_000);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    // The client hangs up: its connection closes, its execution goes on.
+    left.abort();
+    let _ = left.await;
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    g.terminate();
+    let status = g.child.wait().unwrap_or_else(|e| panic!("{e}"));
+    assert!(status.success(), "exit after SIGTERM: {status:?}");
+    assert_eq!(up.0.load(Ordering::SeqCst), 1);
+    assert_eq!(
+        record_state("left", &g.db),
+        "completed",
+        "the execution's result was not stored before exit"
     );
 }
 

@@ -18,6 +18,7 @@ use idem_http::IdempotencyLayer;
 use metrics_exporter_prometheus::PrometheusHandle;
 use tokio::net::TcpListener;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio_util::task::TaskTracker;
 use tower::Layer;
 
 use crate::config::Settings;
@@ -59,10 +60,11 @@ pub async fn serve<St: Store + ListRecords + Clone>(
         .with_context(|| format!("cannot listen on {} (admin)", settings.admin_listen))?;
     let builder = connection_builder(&settings);
     let layer = IdempotencyLayer::new(store.clone(), settings.layer.clone());
+    let detached = TaskTracker::new();
     let prepare = proxies
         .into_iter()
         .map(|proxy| {
-            let layer = layer.clone();
+            let (layer, detached) = (layer.clone(), detached.clone());
             // On the serving thread: its own store connection where the store has one to
             // drive (Redis), so a store call does not cross threads; waiters and the
             // completed-record cache stay shared.
@@ -72,7 +74,7 @@ pub async fn serve<St: Store + ListRecords + Clone>(
                     .for_this_runtime()
                     .await
                     .context("cannot open the store")?;
-                Ok(proxied(layer.with_store(store).layer(proxy)))
+                Ok(proxied(layer.with_store(store).layer(proxy), detached))
             }
         })
         .collect();
@@ -91,7 +93,7 @@ pub async fn serve<St: Store + ListRecords + Clone>(
     )
     .await;
     tracing::info!("shutting down: no new connections; waiting for in-flight requests");
-    if !threads.drain().await {
+    if !threads.drain(&detached).await {
         warn_undrained(settings.shutdown_timeout);
     }
     background.stop().await;
@@ -131,7 +133,8 @@ pub async fn serve_on<St, L, A, C>(
     } = listeners;
     let builder = connection_builder(&settings);
     let layer = IdempotencyLayer::new(store.clone(), settings.layer.clone());
-    let make_service = proxied(layer.layer(proxy));
+    let detached = TaskTracker::new();
+    let make_service = proxied(layer.layer(proxy), detached.clone());
     let background = Background::start(&settings, store, metrics, admin_listener, &builder);
     let graceful = GracefulShutdown::new();
     accept_loop(
@@ -145,7 +148,14 @@ pub async fn serve_on<St, L, A, C>(
     )
     .await;
     tracing::info!("shutting down: no new connections; waiting for in-flight requests");
-    let drained = tokio::time::timeout(settings.shutdown_timeout, graceful.shutdown()).await;
+    let drained = tokio::time::timeout(settings.shutdown_timeout, async {
+        graceful.shutdown().await;
+        // Executions whose clients hung up are not connections any more, but their results
+        // are still to be stored.
+        detached.close();
+        detached.wait().await;
+    })
+    .await;
     if drained.is_err() {
         warn_undrained(settings.shutdown_timeout);
     }
@@ -169,9 +179,10 @@ fn connection_builder(settings: &Settings) -> http1::Builder {
 }
 
 /// What serves a client's connection: `service` (the layer over a proxy), each request in a
-/// task of its own and told the client's address ([`Detached`]).
+/// task of its own, tracked by `detached`, and told the client's address ([`Detached`]).
 fn proxied<S>(
     service: S,
+    detached: TaskTracker,
 ) -> impl Fn(SocketAddr) -> TowerToHyperService<Detached<S>> + Send + 'static
 where
     S: Clone + Send + 'static,
@@ -180,6 +191,7 @@ where
         TowerToHyperService::new(Detached {
             service: service.clone(),
             peer,
+            tasks: detached.clone(),
         })
     }
 }
@@ -352,6 +364,10 @@ pub(crate) fn serve_connection<I, S, B>(
 struct Detached<S> {
     service: S,
     peer: SocketAddr,
+    /// Every request's task, so that a shutdown waits for executions whose clients hung up:
+    /// their connections are closed, so waiting for connections alone would drop them with
+    /// their results unstored, and their keys would read as outcome unknown.
+    tasks: TaskTracker,
 }
 
 impl<S, B> tower::Service<http::Request<B>> for Detached<S>
@@ -377,7 +393,7 @@ where
 
     fn call(&mut self, mut req: http::Request<B>) -> Self::Future {
         req.extensions_mut().insert(ClientAddr(self.peer));
-        let task = tokio::spawn(self.service.call(req));
+        let task = self.tasks.spawn(self.service.call(req));
         Box::pin(async move {
             match task.await {
                 Ok(answer) => answer,

@@ -27,6 +27,7 @@ use hyper::server::conn::http1;
 use hyper_util::server::graceful::GracefulShutdown;
 use tokio::net::TcpStream;
 use tokio::sync::{OwnedSemaphorePermit, mpsc, oneshot, watch};
+use tokio_util::task::TaskTracker;
 
 use crate::server::serve_connection;
 
@@ -153,7 +154,7 @@ impl Threads {
                     readiness.push(is_ready);
                 }
                 Err(e) => {
-                    started.drain().await;
+                    started.drain(&TaskTracker::new()).await;
                     return Err(e);
                 }
             }
@@ -164,7 +165,7 @@ impl Threads {
                 Ok(Err(e)) => e.context(format!("serving thread {i} could not start")),
                 Err(_) => anyhow::anyhow!("serving thread {i} stopped while starting"),
             };
-            started.drain().await;
+            started.drain(&TaskTracker::new()).await;
             return Err(failed);
         }
         Ok(started)
@@ -215,13 +216,15 @@ impl Threads {
         }
     }
 
-    /// Stops handing out connections, lets every thread drain at once, then stops and joins
-    /// them. `false` if some requests were still under way when the shutdown timeout ran out
-    /// (or a thread could not say).
-    pub(crate) async fn drain(self) -> bool {
+    /// Stops handing out connections, lets every thread drain at once, waits for `detached`
+    /// (the requests' own tasks, which outlive a client that hung up) within the same
+    /// shutdown timeout, then stops and joins the threads. `false` if some requests were
+    /// still under way when the timeout ran out (or a thread could not say).
+    pub(crate) async fn drain(self, detached: &TaskTracker) -> bool {
         let Threads {
             threads, release, ..
         } = self;
+        let deadline = tokio::time::Instant::now() + self.drain;
         let mut waiting = Vec::with_capacity(threads.len());
         let mut handles = Vec::with_capacity(threads.len());
         for thread in threads {
@@ -240,6 +243,12 @@ impl Threads {
         })
         .await
         .unwrap_or(false);
+        // The threads' runtimes still run these until released.
+        detached.close();
+        let all = tokio::time::timeout_at(deadline, detached.wait())
+            .await
+            .is_ok()
+            && all;
         let _ = release.send(true);
         let joined = tokio::task::spawn_blocking(move || {
             for handle in handles {
@@ -372,7 +381,7 @@ mod tests {
                     _ = &mut stopped => break,
                 }
             }
-            serving.drain().await
+            serving.drain(&TaskTracker::new()).await
         });
         Harness { addr, stop, done }
     }
@@ -443,7 +452,7 @@ mod tests {
         }
         prepared.sort();
         assert_eq!(prepared, ["idem-serve-0", "idem-serve-1", "idem-serve-2"]);
-        assert!(threads.drain().await);
+        assert!(threads.drain(&TaskTracker::new()).await);
 
         // One thread cannot prepare (its store is down): start fails with its error, and
         // the threads that did start are stopped and joined before it returns.
