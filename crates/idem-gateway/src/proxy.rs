@@ -349,6 +349,11 @@ impl<C: Connect + Clone + Send + Sync + 'static> Proxy<C> {
             Ok(Ok(resp)) => {
                 let (mut parts, body) = resp.into_parts();
                 strip_hop_by_hop(&mut parts.headers);
+                // The HTTP version is the hop's, as the hop-by-hop headers are: the client's
+                // connection speaks HTTP/1.1 whatever the upstream spoke (hyper answers an
+                // HTTP/1.0 client in HTTP/1.0 by itself). Kept, an HTTP/1.0 upstream's
+                // version made the answer HTTP/1.0 and closed the client's connection.
+                parts.version = http::Version::HTTP_11;
                 // The timeout covers the whole exchange: a body that stalls after the headers
                 // fails at the same deadline, and the layer marks the outcome unknown.
                 let body = Deadline::new(body, deadline, || {

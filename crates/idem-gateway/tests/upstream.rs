@@ -1,5 +1,5 @@
 //! The gateway's upstream connections: pooled connections the upstream closes while idle,
-//! and HTTPS upstreams. The upstreams here are written on raw sockets, so when they close a
+//! HTTPS upstreams and HTTP/1.0 upstreams. The upstreams here are written on raw sockets, so when they close a
 //! connection and what they received is under the test's control.
 
 mod support;
@@ -430,4 +430,47 @@ async fn an_upstream_certificate_that_does_not_verify_releases_the_key() {
         again.body
     );
     assert_eq!(seen.lock().unwrap_or_else(|e| e.into_inner()).len(), 1);
+}
+
+/// An upstream that speaks HTTP/1.0 (Python's `http.server` by default): it reads one
+/// request, answers `HTTP/1.0 200` and closes.
+async fn start_http10_upstream() -> SocketAddr {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let addr = listener.local_addr().unwrap_or_else(|e| panic!("{e}"));
+    tokio::spawn(async move {
+        while let Ok((mut stream, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let mut buf = Vec::new();
+                let mut chunk = [0u8; 4096];
+                // Enough for these tests' requests: the head and a short body.
+                while !buf.windows(4).any(|w| w == b"\r\n\r\n") {
+                    match stream.read(&mut chunk).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                    }
+                }
+                let _ = stream
+                    .write_all(b"HTTP/1.0 200 OK\r\nContent-Type: text/plain\r\nContent-Length: 2\r\n\r\nok")
+                    .await;
+            });
+        }
+    });
+    addr
+}
+
+/// The gateway answers its client in the client's HTTP version, whatever the upstream spoke:
+/// requests passed through (no key, or a safe method) used to come back as HTTP/1.0 from an
+/// HTTP/1.0 upstream, and the client's keep-alive connection was closed after them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn passed_through_answers_keep_the_clients_http_version() {
+    let up_addr = start_http10_upstream().await;
+    let g = start_gateway_from(&format!("http://{up_addr}"), CONFIG).await;
+    let both = b"GET /v1/a HTTP/1.1\r\nHost: x\r\n\r\n\
+        POST /v1/b HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\nConnection: close\r\n\r\n{}";
+    let r = raw(g.addr, both).await;
+    // The bodies ("ok") end without a newline: status lines are counted by their text.
+    assert_eq!(r.text.matches("HTTP/1.").count(), 2, "{}", r.text);
+    assert_eq!(r.text.matches("HTTP/1.1 200 OK").count(), 2, "{}", r.text);
 }
