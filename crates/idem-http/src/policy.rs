@@ -413,18 +413,32 @@ impl Routes {
     /// A path with an encoded slash or backslash (`%2F`, `%5C`) is read both ways: as it is
     /// (Express and Rails keep `a%2Fb` one segment) and split there (WSGI servers such as
     /// Flask and Django decode it, so `/v1%2Fcharges` runs as `/v1/charges`; servers that read
-    /// a backslash as `/` do the same with `%5C`). A route that matches either reading
-    /// matches: the first such route decides.
+    /// a backslash as `/` do the same with `%5C`). Each reading finds its first route; the
+    /// split reading's policy applies only where it requires a key and the other does not, so
+    /// neither reading can take a key away from the other (an earlier route matching only
+    /// one reading must not override a keyed route that matches the other).
     pub fn policy_for(&self, method: &Method, path: &str) -> &RoutePolicy {
         let path = normalize(path);
-        let split = split_at_encoded_separators(&path);
+        let as_sent = self.first_match(method, &path);
+        match split_at_encoded_separators(&path) {
+            Some(split) => {
+                let decoded = self.first_match(method, &split);
+                if decoded.require_key && !as_sent.require_key {
+                    decoded
+                } else {
+                    as_sent
+                }
+            }
+            None => as_sent,
+        }
+    }
+
+    /// The policy of the first route matching `method` and the normalised `path`, or the
+    /// defaults.
+    fn first_match(&self, method: &Method, path: &str) -> &RoutePolicy {
         self.routes
             .iter()
-            .find(|r| {
-                r.method.as_ref().is_none_or(|m| m == method)
-                    && (r.path.matches(&path)
-                        || split.as_deref().is_some_and(|s| r.path.matches(s)))
-            })
+            .find(|r| r.method.as_ref().is_none_or(|m| m == method) && r.path.matches(path))
             .map_or(&self.default, |r| &r.policy)
     }
 
@@ -498,6 +512,30 @@ mod tests {
             Some(Method::PUT),
             p("/files/{name}"),
             RoutePolicy::requiring_key(),
+        );
+        // An earlier route that matches only the split reading does not take the key away
+        // from a keyed route that matches the path as sent (Express reads
+        // /files/public%2Fx as /files/{name}).
+        let public_first = Routes::default()
+            .route(
+                Some(Method::PUT),
+                p("/files/public/{name}"),
+                RoutePolicy::default(),
+            )
+            .route(
+                Some(Method::PUT),
+                p("/files/{name}"),
+                RoutePolicy::requiring_key(),
+            );
+        assert!(
+            public_first
+                .policy_for(&Method::PUT, "/files/public%2Fx")
+                .require_key
+        );
+        assert!(
+            !public_first
+                .policy_for(&Method::PUT, "/files/public/x")
+                .require_key
         );
         // Kept as one segment, `a%2Fb` is the route's one parameter.
         assert!(files.policy_for(&Method::PUT, "/files/a%2Fb").require_key);
