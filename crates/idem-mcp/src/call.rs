@@ -141,6 +141,17 @@ impl<S: Store + Clone> Guard<S> {
         self.tasks.len()
     }
 
+    /// Runs `work` as a task that [`Guard::drain`] waits for: the handling of a call from the
+    /// moment it is read, so that a shutdown right after a call arrives waits for it too,
+    /// not only once it reaches [`Guard::call`].
+    pub fn track<F>(&self, work: F) -> tokio::task::JoinHandle<F::Output>
+    where
+        F: Future + Send + 'static,
+        F::Output: Send + 'static,
+    {
+        self.tasks.spawn(work)
+    }
+
     /// Runs `forward` at most once for (scope, key) and `fingerprint`, or answers what the
     /// store holds. `tool` only names the tool in messages.
     pub async fn call<F, Fut>(

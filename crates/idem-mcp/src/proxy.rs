@@ -101,6 +101,15 @@ impl<S: Store + Clone> Proxy<S> {
         }
     }
 
+    /// Runs the handling of a `tools/call` as a task the drain waits for ([`Guard::track`]).
+    pub fn track<F>(&self, work: F) -> tokio::task::JoinHandle<F::Output>
+    where
+        F: Future + Send + 'static,
+        F::Output: Send + 'static,
+    {
+        self.guard.track(work)
+    }
+
     /// Waits, at most `grace`, for effect calls still executing (see [`Guard::drain`]).
     pub async fn drain(&self, grace: Duration) {
         let left = self.guard.drain(grace).await;

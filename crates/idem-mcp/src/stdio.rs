@@ -182,9 +182,17 @@ pub async fn relay<S, CR, CW, UR, UW>(
     }
     proxy.drain(DRAIN).await;
     from_upstream.abort();
-    // Dropping the last senders ends the writers: the upstream's stdin closes.
+    // Dropping the last senders ends the writers: the upstream's stdin closes. A call the
+    // drain gave up on still holds a sender; the writer is then stopped, which closes the
+    // upstream's stdin all the same, rather than waiting out that call's timeout.
     drop(link);
-    let _ = upstream_writer.await;
+    let mut upstream_writer = upstream_writer;
+    if tokio::time::timeout(Duration::from_secs(1), &mut upstream_writer)
+        .await
+        .is_err()
+    {
+        upstream_writer.abort();
+    }
     let _ = tokio::time::timeout(Duration::from_secs(1), client_writer).await;
 }
 
@@ -356,7 +364,9 @@ where
             }
             "tools/call" => {
                 let params = env.params_value();
-                tokio::spawn(tools_call(
+                // Tracked from here: a shutdown that comes before the call is claimed
+                // still waits for it, with the upstream's answers still read.
+                proxy.track(tools_call(
                     link.clone(),
                     proxy.clone(),
                     scope.clone(),
