@@ -204,23 +204,39 @@ fn resolve_segments(path: &str) -> String {
     format!("/{}", out.join("/"))
 }
 
-/// The normalised `path` with each encoded slash or backslash (`%2F`, `%5C`, in either case)
-/// read as `/`, normalised again: how a service that decodes them routes the request. `None`
-/// when the path has none (nearly every request: one scan for `%`).
-fn split_at_encoded_separators(path: &str) -> Option<String> {
+/// How else than as sent a service may read a path with encoded slashes or backslashes
+/// (`%2F`, `%5C`, either case): with `%2F` read as `/` and `%5C` kept in its segment (WSGI
+/// servers decode `%5C` to a backslash, which stays in the segment), with `%5C` read as `/`
+/// (servers that take a backslash for a slash), and with both. Each is read from the path as
+/// sent, then normalised, so that an escape inside `;params` counts too: `normalize` would
+/// drop it with the parameters. Empty for nearly every request (one scan for `%`).
+fn separator_readings(path: &str) -> Vec<String> {
     if !path.contains('%') {
-        return None;
+        return Vec::new();
     }
     let lowered = path.to_ascii_lowercase();
-    if !lowered.contains("%2f") && !lowered.contains("%5c") {
-        return None;
+    let (slash, backslash) = (lowered.contains("%2f"), lowered.contains("%5c"));
+    let mut readings = Vec::new();
+    if slash {
+        readings.push(split_at(path, &["%2f"]));
     }
+    if backslash {
+        readings.push(split_at(path, &["%5c"]));
+    }
+    if slash && backslash {
+        readings.push(split_at(path, &["%2f", "%5c"]));
+    }
+    readings
+}
+
+/// `path` with each of `escapes` (lower case) read as `/`, normalised.
+fn split_at(path: &str, escapes: &[&str]) -> String {
     let mut out = String::with_capacity(path.len());
     let mut rest = path;
     while let Some(i) = rest.find('%') {
         out.push_str(&rest[..i]);
         let escape = rest.get(i..i + 3).map(str::to_ascii_lowercase);
-        if matches!(escape.as_deref(), Some("%2f" | "%5c")) {
+        if escape.as_deref().is_some_and(|e| escapes.contains(&e)) {
             out.push('/');
             rest = &rest[i + 3..];
         } else {
@@ -229,7 +245,7 @@ fn split_at_encoded_separators(path: &str) -> Option<String> {
         }
     }
     out.push_str(rest);
-    Some(resolve_segments(&out))
+    resolve_segments(&out)
 }
 
 /// Whether [`normalize`] would return `path` unchanged: it starts with `/`, and has no escape,
@@ -410,36 +426,43 @@ impl Routes {
     /// upstream would treat as the same resource (`/v1//charges`, `/v1/./charges`,
     /// `/v1/%63harges`, `/v1/charges;x=1`) cannot dodge a route's policy.
     ///
-    /// A path with an encoded slash or backslash (`%2F`, `%5C`) is read both ways: as it is
-    /// (Express and Rails keep `a%2Fb` one segment) and split there (WSGI servers such as
-    /// Flask and Django decode it, so `/v1%2Fcharges` runs as `/v1/charges`; servers that read
-    /// a backslash as `/` do the same with `%5C`). Each reading finds its first route; the
-    /// split reading's policy applies only where it requires a key and the other does not, so
-    /// neither reading can take a key away from the other (an earlier route matching only
-    /// one reading must not override a keyed route that matches the other).
+    /// A path with an encoded slash or backslash (`%2F`, `%5C`) is read every way a service
+    /// may read it ([`separator_readings`]): as sent (Express and Rails keep `a%2Fb` one
+    /// segment), and split at either escape or both (Flask and Django run `/v1%2Fcharges` as
+    /// `/v1/charges`). Each reading finds its first route. Of those that require a key, the
+    /// one listed first decides; if none does, the one listed first of all. So no reading can
+    /// take a key away, and where several routes require one, the operator's order still
+    /// picks its policy (its unknown-outcome rule, its body bound), as it did before encoded
+    /// separators were read.
     pub fn policy_for(&self, method: &Method, path: &str) -> &RoutePolicy {
-        let path = normalize(path);
-        let as_sent = self.first_match(method, &path);
-        match split_at_encoded_separators(&path) {
-            Some(split) => {
-                let decoded = self.first_match(method, &split);
-                if decoded.require_key && !as_sent.require_key {
-                    decoded
-                } else {
-                    as_sent
-                }
+        let as_sent = self.first_match(method, &normalize(path));
+        let mut keyed = None;
+        let mut first = as_sent;
+        for reading in separator_readings(path) {
+            let found = self.first_match(method, &reading);
+            first = first.min(found);
+            if self.policy_at(found).require_key {
+                keyed = Some(keyed.map_or(found, |k: usize| k.min(found)));
             }
-            None => as_sent,
         }
+        if self.policy_at(as_sent).require_key {
+            keyed = Some(keyed.map_or(as_sent, |k| k.min(as_sent)));
+        }
+        self.policy_at(keyed.unwrap_or(first))
     }
 
-    /// The policy of the first route matching `method` and the normalised `path`, or the
-    /// defaults.
-    fn first_match(&self, method: &Method, path: &str) -> &RoutePolicy {
+    /// The index of the first route matching `method` and the normalised `path`; the number
+    /// of routes (the defaults) when none does, so that an earlier route is a smaller number.
+    fn first_match(&self, method: &Method, path: &str) -> usize {
         self.routes
             .iter()
-            .find(|r| r.method.as_ref().is_none_or(|m| m == method) && r.path.matches(path))
-            .map_or(&self.default, |r| &r.policy)
+            .position(|r| r.method.as_ref().is_none_or(|m| m == method) && r.path.matches(path))
+            .unwrap_or(self.routes.len())
+    }
+
+    /// The policy of the route at `index`, or the defaults past the last route.
+    fn policy_at(&self, index: usize) -> &RoutePolicy {
+        self.routes.get(index).map_or(&self.default, |r| &r.policy)
     }
 
     /// The routes, in order.
@@ -537,6 +560,32 @@ mod tests {
                 .policy_for(&Method::PUT, "/files/public/x")
                 .require_key
         );
+        // Where both readings require a key, the route listed first decides, as before
+        // encoded separators were read: its body bound and its unknown-outcome rule.
+        let bounded = |max_body| RoutePolicy {
+            max_body,
+            ..RoutePolicy::requiring_key()
+        };
+        let catch_all_second = Routes::default()
+            .route(Some(Method::POST), p("/v1/charges"), bounded(10))
+            .route(Some(Method::POST), p("/{any}"), bounded(20));
+        assert_eq!(
+            catch_all_second
+                .policy_for(&Method::POST, "/v1%2Fcharges")
+                .max_body,
+            10
+        );
+        // WSGI decodes `%5C` to a backslash that stays in its segment, while `%2F` splits;
+        // an escape inside `;params` splits too (Werkzeug matches /api/acme;x/charges).
+        assert!(files.policy_for(&Method::PUT, "/files%2Fa%5Cb").require_key);
+        let org = Routes::default().route(
+            Some(Method::POST),
+            p("/api/{org}/charges"),
+            RoutePolicy::requiring_key(),
+        );
+        for path in ["/api/acme;x%2Fcharges", "/api/acme;%2Fcharges"] {
+            assert!(org.policy_for(&Method::POST, path).require_key, "{path}");
+        }
         // Kept as one segment, `a%2Fb` is the route's one parameter.
         assert!(files.policy_for(&Method::PUT, "/files/a%2Fb").require_key);
         assert!(!files.policy_for(&Method::PUT, "/files/a/b").require_key);
