@@ -349,6 +349,88 @@ async fn http_callers_are_named_by_the_gateways_default_scope_headers() {
     }
 }
 
+/// `idem mcp` over stdio on `d`'s store in front of `upstream` (a program and its
+/// arguments), driven line by line, as a client that may leave or stop it at any moment.
+struct RawStdio {
+    child: Child,
+    stdin: Option<std::process::ChildStdin>,
+    stdout: BufReader<std::process::ChildStdout>,
+}
+
+impl RawStdio {
+    /// Starts the proxy and initializes the session: `initialize`, its answer, then
+    /// `notifications/initialized`.
+    fn start(d: &Dir, upstream: &[&std::ffi::OsStr]) -> Self {
+        let mut child = Command::new(IDEM)
+            .arg("mcp")
+            .arg("--store")
+            .arg(format!("sqlite:{}", d.store.display()))
+            .arg("--")
+            .args(upstream)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("spawn idem mcp");
+        let stdin = child.stdin.take();
+        let stdout = BufReader::new(child.stdout.take().expect("stdout"));
+        let mut proxy = RawStdio {
+            child,
+            stdin,
+            stdout,
+        };
+        proxy.send(
+            json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+            "protocolVersion": "2025-06-18", "capabilities": {},
+            "clientInfo": {"name": "raw", "version": "0"}}}),
+        );
+        let mut line = String::new();
+        proxy
+            .stdout
+            .read_line(&mut line)
+            .expect("initialize answered");
+        let answered: Value = serde_json::from_str(&line).expect("a JSON-RPC answer");
+        assert_eq!(answered["id"], 1, "{line}");
+        proxy.send(json!({"jsonrpc": "2.0", "method": "notifications/initialized"}));
+        proxy
+    }
+
+    fn send(&mut self, v: Value) {
+        use std::io::Write;
+        let stdin = self
+            .stdin
+            .as_mut()
+            .expect("the client's side is still open");
+        writeln!(stdin, "{v}").expect("write to the proxy");
+        stdin.flush().expect("flush");
+    }
+
+    /// The client goes away: the proxy's stdin closes.
+    fn close(&mut self) {
+        self.stdin = None;
+    }
+
+    fn terminate(&self) {
+        let status = Command::new("kill")
+            .arg("-TERM")
+            .arg(self.child.id().to_string())
+            .status()
+            .expect("kill -TERM");
+        assert!(status.success());
+    }
+
+    /// Waits for the proxy to exit; kills it and panics with `why` past `bound`.
+    async fn exits_within(&mut self, bound: Duration, why: &str) {
+        let deadline = std::time::Instant::now() + bound;
+        while self.child.try_wait().expect("wait").is_none() {
+            if std::time::Instant::now() >= deadline {
+                let _ = self.child.kill();
+                panic!("the proxy did not exit within {bound:?} ({why})");
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+}
+
 /// A client that sends a slow charge and goes away before the answer (it closes the proxy's
 /// stdin, or the proxy gets SIGTERM): the proxy lets the forwarded call finish and stores it
 /// before it exits, so the runtime, restarted, gets the result through a new proxy instead of
@@ -375,44 +457,18 @@ async fn a_proxy_stopped_as_a_call_arrives_finishes_it_or_never_starts_it() {
 }
 
 async fn leave_mid_call(sigterm: bool, pause: Duration) {
-    use std::io::Write;
-
     let d = dir();
-    let mut proxy = Command::new(IDEM)
-        .arg("mcp")
-        .arg("--store")
-        .arg(format!("sqlite:{}", d.store.display()))
-        .arg("--")
-        .arg(IDEM)
-        .arg("example-mcp")
-        .arg("--db")
-        .arg(&d.db)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .spawn()
-        .expect("spawn idem mcp");
-    let mut stdin = proxy.stdin.take().expect("stdin");
-    let mut stdout = BufReader::new(proxy.stdout.take().expect("stdout"));
-    fn send(stdin: &mut std::process::ChildStdin, v: Value) {
-        writeln!(stdin, "{v}").expect("write to the proxy");
-        stdin.flush().expect("flush");
-    }
-    send(
-        &mut stdin,
-        json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
-        "protocolVersion": "2025-06-18", "capabilities": {},
-        "clientInfo": {"name": "raw", "version": "0"}}}),
-    );
-    let mut line = String::new();
-    stdout.read_line(&mut line).expect("initialize answered");
-    assert!(line.contains("\"id\":1"), "{line}");
-    send(
-        &mut stdin,
-        json!({"jsonrpc": "2.0", "method": "notifications/initialized"}),
+    let mut proxy = RawStdio::start(
+        &d,
+        &[
+            IDEM.as_ref(),
+            "example-mcp".as_ref(),
+            "--db".as_ref(),
+            d.db.as_os_str(),
+        ],
     );
     // Not listed first: the proxy asks the upstream what charge_card is.
-    send(
-        &mut stdin,
+    proxy.send(
         json!({"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {
         "name": "charge_card",
         "arguments": {"customer": "cus_3", "amount_cents": 300, "delay_ms": 1000,
@@ -420,24 +476,17 @@ async fn leave_mid_call(sigterm: bool, pause: Duration) {
     );
     tokio::time::sleep(pause).await;
     if sigterm {
-        let status = Command::new("kill")
-            .arg("-TERM")
-            .arg(proxy.id().to_string())
-            .status()
-            .expect("kill -TERM");
-        assert!(status.success());
+        proxy.terminate();
     } else {
-        drop(stdin); // the client is gone
+        proxy.close(); // the client is gone
     }
     // The call takes 1 s; the proxy's drain allows 30 s, a forwarded call 300 s.
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    while proxy.try_wait().expect("wait").is_none() {
-        if std::time::Instant::now() >= deadline {
-            let _ = proxy.kill();
-            panic!("the proxy did not exit (sigterm: {sigterm}, pause: {pause:?})");
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    proxy
+        .exits_within(
+            Duration::from_secs(10),
+            &format!("sigterm: {sigterm}, pause: {pause:?}"),
+        )
+        .await;
     let ran = charges(&d.db);
     // Left after a pause, the call had certainly started.
     assert!(ran == 1 || (ran == 0 && pause.is_zero()), "{ran} charges");
@@ -454,6 +503,55 @@ async fn leave_mid_call(sigterm: bool, pause: Duration) {
     assert_eq!(idem_meta(&replay)["replayed"], replayed, "{replay:?}");
     assert_eq!(charges(&d.db), 1);
     let _ = client.cancel().await;
+}
+
+/// An upstream that answers `initialize`, then exits on the next request: here the proxy's
+/// own `tools/list`, asked to learn what an unlisted tool is.
+const DIES_ON_SECOND_REQUEST: &str = r#"
+import json, sys
+for line in sys.stdin:
+    m = json.loads(line)
+    if m.get("method") == "initialize":
+        print(json.dumps({"jsonrpc": "2.0", "id": m["id"], "result": {
+            "protocolVersion": "2025-06-18", "capabilities": {"tools": {}},
+            "serverInfo": {"name": "dies", "version": "0"}}}), flush=True)
+    elif "id" in m:
+        sys.exit(0)
+"#;
+
+/// The upstream exits while the proxy is still looking a call's tool up: the call is then
+/// never sent (nothing reads an answer from an upstream whose output has ended), its key is
+/// released, and the proxy exits at once rather than after the drain's 30 s, with the key
+/// left in flight by a call that waited for an answer nobody would read.
+#[tokio::test]
+async fn an_upstream_that_exits_mid_lookup_leaves_no_key_behind() {
+    let d = dir();
+    let mut proxy = RawStdio::start(
+        &d,
+        &[
+            "python3".as_ref(),
+            "-c".as_ref(),
+            DIES_ON_SECOND_REQUEST.as_ref(),
+        ],
+    );
+    proxy.send(
+        json!({"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {
+        "name": "charge_card",
+        "arguments": {"customer": "cus_4", "amount_cents": 400, "idempotency_key": "dies-1"}}}),
+    );
+    proxy
+        .exits_within(Duration::from_secs(10), "the upstream exited mid-call")
+        .await;
+    let out = Command::new(IDEM)
+        .args(["inspect", "--store"])
+        .arg(format!("sqlite:{}", d.store.display()))
+        .args(["--scope", "mcp", "dies-1"])
+        .output()
+        .expect("idem inspect");
+    let said =
+        String::from_utf8_lossy(&out.stderr).into_owned() + &String::from_utf8_lossy(&out.stdout);
+    assert!(!out.status.success(), "the key was left behind: {said}");
+    assert!(said.contains("no record"), "{said}");
 }
 
 /// A TLS front for `target` (a loopback address) with a certificate for `localhost` signed by

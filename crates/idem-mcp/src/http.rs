@@ -254,12 +254,38 @@ pub async fn serve<S: Store + Clone>(
         .await
         .with_context(|| format!("cannot listen on {}", options.listen))?;
     on_bound(listener.local_addr()?);
-    let served = axum::serve(listener, router)
+    // Shutdown has one bound, DRAIN from the signal, as over stdio: for the requests under
+    // way (an open event stream, a call whose upstream takes minutes) and for calls still
+    // executing. Past it open requests are dropped; their calls go on in tasks of their own
+    // until the end of the bound, and those still running then read as abandoned.
+    let (signalled, mut at_signal) = tokio::sync::oneshot::channel();
+    let shutdown = async move {
+        shutdown.await;
+        let _ = signalled.send(tokio::time::Instant::now() + crate::stdio::DRAIN);
+    };
+    let serving = axum::serve(listener, router)
         .with_graceful_shutdown(shutdown)
-        .await
-        .context("the HTTP server failed");
-    proxy.drain(crate::stdio::DRAIN).await;
-    served
+        .into_future();
+    tokio::pin!(serving);
+    let mut deadline = None;
+    let served = tokio::select! {
+        served = &mut serving => served,
+        Ok(at) = &mut at_signal => {
+            deadline = Some(at);
+            match tokio::time::timeout_at(at, &mut serving).await {
+                Ok(served) => served,
+                Err(_) => {
+                    tracing::warn!(bound = ?crate::stdio::DRAIN, "requests still open at the shutdown bound were dropped");
+                    Ok(())
+                }
+            }
+        }
+    };
+    let grace = deadline.map_or(crate::stdio::DRAIN, |at| {
+        at.saturating_duration_since(tokio::time::Instant::now())
+    });
+    proxy.drain(grace).await;
+    served.context("the HTTP server failed")
 }
 
 fn problem(status: StatusCode, detail: &str) -> Response {

@@ -14,7 +14,7 @@ use std::collections::HashMap;
 use std::ffi::OsString;
 use std::future::Future;
 use std::process::Stdio;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -93,6 +93,9 @@ struct Link {
     to_upstream: mpsc::Sender<Vec<u8>>,
     /// The proxy's own requests waiting for an answer, by id.
     pending: Mutex<HashMap<String, oneshot::Sender<Answer>>>,
+    /// Set, under `pending`'s lock, once the upstream's output has ended: a request asked
+    /// after that would wait its whole timeout for an answer nobody reads.
+    upstream_gone: AtomicBool,
     /// The client's requests whose results the proxy rewrites, by id: their method.
     rewrite: Mutex<HashMap<String, String>>,
     nonce: String,
@@ -108,10 +111,13 @@ impl Link {
             self.next.fetch_add(1, Ordering::Relaxed)
         );
         let (tx, rx) = oneshot::channel();
-        self.pending
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .insert(id.clone(), tx);
+        {
+            let mut pending = self.pending.lock().unwrap_or_else(|p| p.into_inner());
+            if self.upstream_gone.load(Ordering::Relaxed) {
+                return Forwarded::NotSent("the upstream's output has ended".into());
+            }
+            pending.insert(id.clone(), tx);
+        }
         if self
             .to_upstream
             .send(rpc::request(&id, method, params))
@@ -167,6 +173,7 @@ pub async fn relay<S, CR, CW, UR, UW>(
         to_client,
         to_upstream,
         pending: Mutex::default(),
+        upstream_gone: AtomicBool::new(false),
         rewrite: Mutex::default(),
         nonce: nonce(),
         next: AtomicU64::new(1),
@@ -257,11 +264,10 @@ where
             }
         }
     }
-    // The upstream is gone: calls waiting on it get no answer.
-    link.pending
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .clear();
+    // The upstream is gone: calls waiting on it get no answer, and none is sent after.
+    let mut pending = link.pending.lock().unwrap_or_else(|p| p.into_inner());
+    link.upstream_gone.store(true, Ordering::Relaxed);
+    pending.clear();
 }
 
 /// What to pass to the client of one message from the upstream (`None`: it was an answer
