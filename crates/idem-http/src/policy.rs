@@ -427,7 +427,7 @@ impl Routes {
     /// `/v1/%63harges`, `/v1/charges;x=1`) cannot dodge a route's policy.
     ///
     /// A path with an encoded slash or backslash (`%2F`, `%5C`) is read every way a service
-    /// may read it ([`separator_readings`]): as sent (Express and Rails keep `a%2Fb` one
+    /// may read it (`separator_readings`): as sent (Express and Rails keep `a%2Fb` one
     /// segment), and split at either escape or both (Flask and Django run `/v1%2Fcharges` as
     /// `/v1/charges`). Each reading finds its first route. Of those that require a key, the
     /// one listed first decides; if none does, the one listed first of all. So no reading can
