@@ -208,23 +208,29 @@ fn resolve_segments(path: &str) -> String {
 /// (`%2F`, `%5C`, either case): with `%2F` read as `/` and `%5C` kept in its segment (WSGI
 /// servers decode `%5C` to a backslash, which stays in the segment), with `%5C` read as `/`
 /// (servers that take a backslash for a slash), and with both. Each is read from the path as
-/// sent, then normalised, so that an escape inside `;params` counts too: `normalize` would
-/// drop it with the parameters. Empty for nearly every request (one scan for `%`).
+/// sent, so that an escape inside `;params` counts too (`normalize` would drop it with the
+/// parameters), and from the normalised path, whose decoded escapes can spell a new one
+/// (`%2%66` is `%2f` once `%66` is decoded: a server that decodes twice, or a proxy that
+/// normalises before a WSGI app, reads a slash there). Empty for nearly every request (one
+/// scan for `%`).
 fn separator_readings(path: &str) -> Vec<String> {
     if !path.contains('%') {
         return Vec::new();
     }
-    let lowered = path.to_ascii_lowercase();
-    let (slash, backslash) = (lowered.contains("%2f"), lowered.contains("%5c"));
+    let normalised = normalize(path);
     let mut readings = Vec::new();
-    if slash {
-        readings.push(split_at(path, &["%2f"]));
-    }
-    if backslash {
-        readings.push(split_at(path, &["%5c"]));
-    }
-    if slash && backslash {
-        readings.push(split_at(path, &["%2f", "%5c"]));
+    for source in [path, normalised.as_ref()] {
+        let lowered = source.to_ascii_lowercase();
+        let (slash, backslash) = (lowered.contains("%2f"), lowered.contains("%5c"));
+        if slash {
+            readings.push(split_at(source, &["%2f"]));
+        }
+        if backslash {
+            readings.push(split_at(source, &["%5c"]));
+        }
+        if slash && backslash {
+            readings.push(split_at(source, &["%2f", "%5c"]));
+        }
     }
     readings
 }
@@ -585,6 +591,11 @@ mod tests {
         );
         for path in ["/api/acme;x%2Fcharges", "/api/acme;%2Fcharges"] {
             assert!(org.policy_for(&Method::POST, path).require_key, "{path}");
+        }
+        // An escape that decoding an unreserved one spells (`%2%66` is `%2f` once `%66` is
+        // `f`) is read as a separator too.
+        for path in ["/v1%2%66charges", "/v1%%32Fcharges", "/v1%5%63charges"] {
+            assert!(routes.policy_for(&Method::POST, path).require_key, "{path}");
         }
         // Kept as one segment, `a%2Fb` is the route's one parameter.
         assert!(files.policy_for(&Method::PUT, "/files/a%2Fb").require_key);

@@ -256,8 +256,9 @@ pub async fn serve<S: Store + Clone>(
     on_bound(listener.local_addr()?);
     // Shutdown has one bound, DRAIN from the signal, as over stdio: for the requests under
     // way (an open event stream, a call whose upstream takes minutes) and for calls still
-    // executing. Past it open requests are dropped; their calls go on in tasks of their own
-    // until the end of the bound, and those still running then read as abandoned.
+    // executing. Past it the server stops waiting for open requests (their connections'
+    // tasks end with the runtime); their calls go on in tasks of their own until the end of
+    // the bound, and those still running then read as abandoned.
     let (signalled, mut at_signal) = tokio::sync::oneshot::channel();
     let shutdown = async move {
         shutdown.await;
