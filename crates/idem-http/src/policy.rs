@@ -213,13 +213,12 @@ fn resolve_segments(path: &str) -> String {
 /// (`%2%66` is `%2f` once `%66` is decoded: a server that decodes twice, or a proxy that
 /// normalises before a WSGI app, reads a slash there). Empty for nearly every request (one
 /// scan for `%`).
-fn separator_readings(path: &str) -> Vec<String> {
+fn separator_readings(path: &str, normalised: &str) -> Vec<String> {
     if !path.contains('%') {
         return Vec::new();
     }
-    let normalised = normalize(path);
     let mut readings = Vec::new();
-    for source in [path, normalised.as_ref()] {
+    for source in [path, normalised] {
         let lowered = source.to_ascii_lowercase();
         let (slash, backslash) = (lowered.contains("%2f"), lowered.contains("%5c"));
         if slash {
@@ -441,18 +440,16 @@ impl Routes {
     /// picks its policy (its unknown-outcome rule, its body bound), as it did before encoded
     /// separators were read.
     pub fn policy_for(&self, method: &Method, path: &str) -> &RoutePolicy {
-        let as_sent = self.first_match(method, &normalize(path));
-        let mut keyed = None;
-        let mut first = as_sent;
-        for reading in separator_readings(path) {
-            let found = self.first_match(method, &reading);
+        let normalised = normalize(path);
+        let others = separator_readings(path, &normalised);
+        let readings =
+            std::iter::once(normalised.as_ref()).chain(others.iter().map(String::as_str));
+        let (mut keyed, mut first) = (None, usize::MAX);
+        for found in readings.map(|reading| self.first_match(method, reading)) {
             first = first.min(found);
             if self.policy_at(found).require_key {
                 keyed = Some(keyed.map_or(found, |k: usize| k.min(found)));
             }
-        }
-        if self.policy_at(as_sent).require_key {
-            keyed = Some(keyed.map_or(as_sent, |k| k.min(as_sent)));
         }
         self.policy_at(keyed.unwrap_or(first))
     }
