@@ -14,7 +14,7 @@ use std::collections::HashMap;
 use std::ffi::OsString;
 use std::future::Future;
 use std::process::Stdio;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -92,10 +92,9 @@ struct Link {
     to_client: mpsc::Sender<Vec<u8>>,
     to_upstream: mpsc::Sender<Vec<u8>>,
     /// The proxy's own requests waiting for an answer, by id.
-    pending: Mutex<HashMap<String, oneshot::Sender<Answer>>>,
-    /// Set, under `pending`'s lock, once the upstream's output has ended: a request asked
-    /// after that would wait its whole timeout for an answer nobody reads.
-    upstream_gone: AtomicBool,
+    /// `None` once the upstream's output has ended: a request asked after that would wait
+    /// its whole timeout for an answer nobody reads.
+    pending: Mutex<Option<HashMap<String, oneshot::Sender<Answer>>>>,
     /// The client's requests whose results the proxy rewrites, by id: their method.
     rewrite: Mutex<HashMap<String, String>>,
     nonce: String,
@@ -111,13 +110,10 @@ impl Link {
             self.next.fetch_add(1, Ordering::Relaxed)
         );
         let (tx, rx) = oneshot::channel();
-        {
-            let mut pending = self.pending.lock().unwrap_or_else(|p| p.into_inner());
-            if self.upstream_gone.load(Ordering::Relaxed) {
-                return Forwarded::NotSent("the upstream's output has ended".into());
-            }
-            pending.insert(id.clone(), tx);
-        }
+        match &mut *self.pending.lock().unwrap_or_else(|p| p.into_inner()) {
+            Some(pending) => pending.insert(id.clone(), tx),
+            None => return Forwarded::NotSent("the upstream's output has ended".into()),
+        };
         if self
             .to_upstream
             .send(rpc::request(&id, method, params))
@@ -139,10 +135,16 @@ impl Link {
     }
 
     fn forget(&self, id: &str) {
+        self.waiting(id);
+    }
+
+    /// Takes the sender waiting for the answer to `id`, if any.
+    fn waiting(&self, id: &str) -> Option<oneshot::Sender<Answer>> {
         self.pending
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .remove(id);
+            .as_mut()?
+            .remove(id)
     }
 
     async fn client(&self, msg: Vec<u8>) {
@@ -172,8 +174,7 @@ pub async fn relay<S, CR, CW, UR, UW>(
     let link = Arc::new(Link {
         to_client,
         to_upstream,
-        pending: Mutex::default(),
-        upstream_gone: AtomicBool::new(false),
+        pending: Mutex::new(Some(HashMap::new())),
         rewrite: Mutex::default(),
         nonce: nonce(),
         next: AtomicU64::new(1),
@@ -238,12 +239,7 @@ where
                     );
                     continue;
                 };
-                let waiting = link
-                    .pending
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .remove(&id);
-                match waiting {
+                match link.waiting(&id) {
                     Some(tx) => {
                         let _ = tx.send(Answer::TooLarge { len, sha256 });
                     }
@@ -265,9 +261,10 @@ where
         }
     }
     // The upstream is gone: calls waiting on it get no answer, and none is sent after.
-    let mut pending = link.pending.lock().unwrap_or_else(|p| p.into_inner());
-    link.upstream_gone.store(true, Ordering::Relaxed);
-    pending.clear();
+    link.pending
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .take();
 }
 
 /// What to pass to the client of one message from the upstream (`None`: it was an answer
@@ -284,12 +281,7 @@ fn upstream_message<S: Store + Clone>(
         return Some(bytes);
     }
     let id = env.id_text()?;
-    let waiting = link
-        .pending
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .remove(&id);
-    if let Some(tx) = waiting {
+    if let Some(tx) = link.waiting(&id) {
         let answer = match (env.result, env.error) {
             (Some(r), _) => Answer::Result(r.to_owned()),
             (None, Some(e)) => Answer::Error(e.to_owned()),
