@@ -174,7 +174,9 @@ pub fn store_url(data: &[u8]) {
 
 /// The JSON-RPC messages `idem mcp` reads: split into lines under a size bound, each read
 /// as an envelope; the streaming scanner that finds an oversized message's `id` finds the
-/// same one whichever way the bytes are cut, and the one the envelope reads.
+/// same one whichever way the bytes are cut, and the one the envelope reads. And the client
+/// messages' reading fails closed ([`inbound_holds`]): whatever is relayed as it came is one
+/// JSON object every parser reads alike, and not a `tools/call`.
 pub fn mcp_jsonrpc(data: &[u8]) {
     const MAX: usize = 256;
     let mut lines = Lines::new(data, MAX);
@@ -191,11 +193,71 @@ pub fn mcp_jsonrpc(data: &[u8]) {
             Line::Whole(bytes) => {
                 assert!(bytes.len() <= MAX);
                 envelope(&bytes);
+                inbound_holds(&bytes);
             }
             Line::Oversized { len, .. } => assert!(len > MAX as u64),
         }
     }
     envelope(data);
+    inbound_holds(data);
+}
+
+/// What `idem mcp` does with one client message, checked against readings of its own: a
+/// message relayed as the bytes it came in parses as a JSON object, has as many members as
+/// its text has `:` outside strings (so no name appears twice, which a first-wins and a
+/// last-wins parser would read two ways), holds no carriage return, and is no `tools/call`;
+/// a call has an id and a name; a batch's members each hold the same.
+fn inbound_holds(bytes: &[u8]) {
+    use idem_mcp::inbound::{self, Inbound};
+    match inbound::read(bytes) {
+        Inbound::Relay => {
+            let value: serde_json::Value = serde_json::from_slice(bytes)
+                .unwrap_or_else(|e| panic!("relayed but unreadable ({e}): {bytes:?}"));
+            assert!(value.is_object(), "relayed a non-object: {bytes:?}");
+            assert_eq!(
+                members(&value),
+                colons_outside_strings(bytes),
+                "a name twice: {bytes:?}"
+            );
+            assert!(!bytes.contains(&b'\r'), "relayed a carriage return");
+            assert_ne!(
+                value.get("method").and_then(|m| m.as_str()),
+                Some("tools/call")
+            );
+        }
+        Inbound::Call { id, params } => {
+            assert!(!id.is_empty());
+            assert!(params.get("name").is_some_and(serde_json::Value::is_string));
+        }
+        Inbound::Batch(items) => {
+            for item in items {
+                inbound_holds(item.get().as_bytes());
+            }
+        }
+        Inbound::Request { .. } | Inbound::Refused(_) => {}
+    }
+}
+
+fn members(v: &serde_json::Value) -> usize {
+    match v {
+        serde_json::Value::Object(m) => m.len() + m.values().map(members).sum::<usize>(),
+        serde_json::Value::Array(a) => a.iter().map(members).sum(),
+        _ => 0,
+    }
+}
+
+fn colons_outside_strings(bytes: &[u8]) -> usize {
+    let (mut n, mut in_string, mut escaped) = (0, false, false);
+    for &b in bytes {
+        match (in_string, escaped, b) {
+            (true, true, _) => escaped = false,
+            (true, false, b'\\') => escaped = true,
+            (true, false, b'"') | (false, _, b'"') => in_string = !in_string,
+            (false, _, b':') => n += 1,
+            _ => {}
+        }
+    }
+    n
 }
 
 fn envelope(bytes: &[u8]) {

@@ -233,3 +233,30 @@ async fn spellings_services_route_to_a_keyed_endpoint_need_its_key() {
     assert_eq!(up.seen(), Vec::<String>::new());
     assert_eq!(up.0.load(Ordering::SeqCst), 0);
 }
+
+/// A segment of `;params` alone in a `{param}` position is the parameter to Express
+/// (`/v1/charges/;ch_1/capture` runs the capture of `;ch_1`), though servers that strip
+/// parameters drop it: the keyed route matches it, so it needs the route's key.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_segment_of_parameters_alone_needs_the_key_of_a_param_route() {
+    let (up_addr, up) = start_upstream().await;
+    let config = format!(
+        "{CONFIG}\n[[routes]]\nmethod = \"POST\"\npath = \"/v1/charges/{{id}}/capture\"\nrequire_key = true\n"
+    );
+    let g = start_gateway_from(&format!("http://{up_addr}"), &config).await;
+    for target in [
+        "/v1/charges/;ch_1/capture",
+        "/v1/charges/;/capture",
+        "/v1/charges/;x=1/capture",
+        "/V1/Charges/;/Capture",
+    ] {
+        let r = raw(g.addr, &request("POST", target, "", BODY)).await;
+        assert_eq!(
+            r.problem_type(),
+            "urn:idem:problem:key-missing",
+            "{target}: {}",
+            r.text
+        );
+    }
+    assert_eq!(up.seen(), Vec::<String>::new());
+}

@@ -183,15 +183,28 @@ pub fn normalize(path: &str) -> Cow<'_, str> {
     if is_normal(path) {
         Cow::Borrowed(path)
     } else {
-        Cow::Owned(resolve_segments(path))
+        Cow::Owned(resolve_segments(path, Params::Dropped))
     }
 }
 
-/// [`normalize`]'s general case, segment by segment.
-fn resolve_segments(path: &str) -> String {
+/// What a reading of a path does with `;params`: servers differ (Tomcat, Spring and Jetty
+/// strip them; Express, Rails and WSGI servers keep them as part of the segment).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Params {
+    Dropped,
+    Kept,
+}
+
+/// [`normalize`]'s general case, segment by segment. With `keep_params`, `;params` stay in
+/// their segments, as servers that do not strip them read the path (Express reads
+/// `/v1/charges/;ch_1/capture` as the id `;ch_1`).
+fn resolve_segments(path: &str, keep_params: Params) -> String {
     let mut out: Vec<String> = Vec::new();
     for raw in path.split('/') {
-        let seg = raw.split(';').next().unwrap_or("");
+        let seg = match keep_params {
+            Params::Dropped => raw.split(';').next().unwrap_or(""),
+            Params::Kept => raw,
+        };
         let seg = decode_unreserved(seg);
         match seg.as_str() {
             "" | "." => {}
@@ -204,7 +217,7 @@ fn resolve_segments(path: &str) -> String {
     format!("/{}", out.join("/"))
 }
 
-/// How else than as sent a service may read a path with encoded slashes or backslashes
+/// How else than [`normalize`] a service may read a path with encoded slashes or backslashes
 /// (`%2F`, `%5C`, either case): with `%2F` read as `/` and `%5C` kept in its segment (WSGI
 /// servers decode `%5C` to a backslash, which stays in the segment), with `%5C` read as `/`
 /// (servers that take a backslash for a slash), and with both. Each is read from the path as
@@ -213,29 +226,44 @@ fn resolve_segments(path: &str) -> String {
 /// (`%2%66` is `%2f` once `%66` is decoded: a server that decodes twice, or a proxy that
 /// normalises before a WSGI app, reads a slash there). Empty for nearly every request (one
 /// scan for `%`).
-fn separator_readings(path: &str, normalised: &str) -> Vec<String> {
-    if !path.contains('%') {
-        return Vec::new();
-    }
+///
+/// A path with `;` is also read with its `;params` kept in their segments, as sent and at
+/// each split: a segment of parameters alone (`/v1/charges/;ch_1/capture`) is nothing to a
+/// server that strips them and an id to one that does not, so a `{param}` route must match
+/// it. Empty for nearly every request (one scan for `%` and `;`).
+fn other_readings(path: &str, normalised: &str) -> Vec<String> {
+    let params = if path.contains(';') {
+        &[Params::Dropped, Params::Kept][..]
+    } else {
+        &[Params::Dropped]
+    };
     let mut readings = Vec::new();
+    if params.contains(&Params::Kept) {
+        readings.push(resolve_segments(path, Params::Kept));
+    }
+    if !path.contains('%') {
+        return readings;
+    }
     for source in [path, normalised] {
         let lowered = source.to_ascii_lowercase();
         let (slash, backslash) = (lowered.contains("%2f"), lowered.contains("%5c"));
-        if slash {
-            readings.push(split_at(source, &["%2f"]));
-        }
-        if backslash {
-            readings.push(split_at(source, &["%5c"]));
-        }
-        if slash && backslash {
-            readings.push(split_at(source, &["%2f", "%5c"]));
+        for &keep in params {
+            if slash {
+                readings.push(split_at(source, &["%2f"], keep));
+            }
+            if backslash {
+                readings.push(split_at(source, &["%5c"], keep));
+            }
+            if slash && backslash {
+                readings.push(split_at(source, &["%2f", "%5c"], keep));
+            }
         }
     }
     readings
 }
 
 /// `path` with each of `escapes` (lower case) read as `/`, normalised.
-fn split_at(path: &str, escapes: &[&str]) -> String {
+fn split_at(path: &str, escapes: &[&str], params: Params) -> String {
     let mut out = String::with_capacity(path.len());
     let mut rest = path;
     while let Some(i) = rest.find('%') {
@@ -250,7 +278,7 @@ fn split_at(path: &str, escapes: &[&str]) -> String {
         }
     }
     out.push_str(rest);
-    resolve_segments(&out)
+    resolve_segments(&out, params)
 }
 
 /// Whether [`normalize`] would return `path` unchanged: it starts with `/`, and has no escape,
@@ -431,17 +459,18 @@ impl Routes {
     /// upstream would treat as the same resource (`/v1//charges`, `/v1/./charges`,
     /// `/v1/%63harges`, `/v1/charges;x=1`) cannot dodge a route's policy.
     ///
-    /// A path with an encoded slash or backslash (`%2F`, `%5C`) is read every way a service
-    /// may read it (`separator_readings`): as sent (Express and Rails keep `a%2Fb` one
-    /// segment), and split at either escape or both (Flask and Django run `/v1%2Fcharges` as
-    /// `/v1/charges`). Each reading finds its first route. Of those that require a key, the
+    /// A path with an encoded slash or backslash (`%2F`, `%5C`) or a `;` is read every way a
+    /// service may read it (`other_readings`): as sent (Express and Rails keep `a%2Fb` one
+    /// segment), split at either escape or both (Flask and Django run `/v1%2Fcharges` as
+    /// `/v1/charges`), and with `;params` dropped (Tomcat, Spring) or kept in their segment
+    /// (Express reads `/v1/charges/;ch_1/capture` as the id `;ch_1`). Each reading finds its first route. Of those that require a key, the
     /// one listed first decides; if none does, the one listed first of all. So no reading can
     /// take a key away, and where several routes require one, the operator's order still
     /// picks its policy (its unknown-outcome rule, its body bound), as it did before encoded
     /// separators were read.
     pub fn policy_for(&self, method: &Method, path: &str) -> &RoutePolicy {
         let normalised = normalize(path);
-        let others = separator_readings(path, &normalised);
+        let others = other_readings(path, &normalised);
         let readings =
             std::iter::once(normalised.as_ref()).chain(others.iter().map(String::as_str));
         let (mut keyed, mut first) = (None, usize::MAX);
@@ -495,6 +524,51 @@ mod tests {
         assert!(!p("/v1/*").matches("/v2/a"));
         assert!(p("/*").matches("/anything/at/all"));
         assert!(p("/").matches("/"));
+    }
+
+    /// A segment that is only `;params` is dropped by servers that strip parameters and is
+    /// the `{id}` to Express, so a keyed `{param}` route must match it (found by the
+    /// hardening attack: these reached Express's capture handler with no key).
+    #[test]
+    fn a_segment_of_parameters_alone_fills_a_param_as_express_reads_it() {
+        let routes = Routes::default().route(
+            Some(Method::POST),
+            p("/v1/charges/{id}/capture"),
+            RoutePolicy::requiring_key(),
+        );
+        for path in [
+            "/v1/charges/;ch_1/capture",
+            "/v1/charges/;/capture",
+            "/v1/charges/;x=1/capture",
+            "/V1/Charges/;/Capture",
+            "/v1/charges/ch_1;v=2/capture",
+            "/v1/charges%2F;ch_1/capture",
+            "/v1/charges/;ch_1%2Fcapture",
+        ] {
+            assert!(routes.policy_for(&Method::POST, path).require_key, "{path}");
+        }
+        // Parameters on a literal segment still read as that segment.
+        let charges = Routes::default().route(
+            Some(Method::POST),
+            p("/v1/charges"),
+            RoutePolicy::requiring_key(),
+        );
+        assert!(
+            charges
+                .policy_for(&Method::POST, "/v1;a/charges;b")
+                .require_key
+        );
+        // And a trailing segment of parameters alone is nothing to Tomcat: /v1/charges.
+        assert!(
+            charges
+                .policy_for(&Method::POST, "/v1/charges/;x")
+                .require_key
+        );
+        assert!(
+            !charges
+                .policy_for(&Method::POST, "/v1/charges/x;y")
+                .require_key
+        );
     }
 
     #[test]
@@ -617,7 +691,11 @@ mod tests {
             "v1",
             "/é/ü",
         ] {
-            assert_eq!(normalize(path), resolve_segments(path), "{path}");
+            assert_eq!(
+                normalize(path),
+                resolve_segments(path, Params::Dropped),
+                "{path}"
+            );
         }
     }
 

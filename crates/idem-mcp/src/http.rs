@@ -49,6 +49,7 @@ use tokio_util::io::StreamReader;
 use tokio_util::sync::CancellationToken;
 
 use crate::call::Forwarded;
+use crate::inbound::{self, BATCH_VERSION, Inbound, Interpreted};
 use crate::policy::Policies;
 use crate::proxy::Proxy;
 use crate::rpc::{self, Envelope, Line, Lines, MAX_MESSAGE};
@@ -336,9 +337,22 @@ async fn handle<S: Store + Clone>(State(st): State<Arc<Shared<S>>>, req: Request
             "this Host is not allowed (DNS rebinding protection; see --allowed-host)",
         );
     }
-    if parts.method != Method::POST {
-        let body = reqwest::Body::wrap_stream(body.into_data_stream());
-        return pass(&st, parts.method, &parts.headers, body).await;
+    match parts.method {
+        Method::POST => {}
+        // A GET opens the server's event stream and a DELETE ends a session; neither carries
+        // a message, so no body is forwarded that an upstream could read as one.
+        Method::GET | Method::DELETE => {
+            return pass(&st, parts.method, &parts.headers, reqwest::Body::from("")).await;
+        }
+        _ => {
+            let mut resp = problem(
+                StatusCode::METHOD_NOT_ALLOWED,
+                "MCP's streamable HTTP transport uses POST, GET and DELETE",
+            );
+            resp.headers_mut()
+                .insert(header::ALLOW, HeaderValue::from_static("GET, POST, DELETE"));
+            return resp;
+        }
     }
     let bytes = match axum::body::to_bytes(body, MAX_MESSAGE).await {
         Ok(b) => b,
@@ -351,28 +365,162 @@ async fn handle<S: Store + Clone>(State(st): State<Arc<Shared<S>>>, req: Request
             );
         }
     };
-    let Some(env) = Envelope::parse(&bytes) else {
-        return pass(&st, Method::POST, &parts.headers, bytes.into()).await;
-    };
-    let (Some(method), Some(id)) = (env.method.clone(), env.id_text()) else {
-        return pass(&st, Method::POST, &parts.headers, bytes.into()).await;
-    };
-    match method.as_str() {
-        "initialize" => match env.params.and_then(|p| st.proxy.clamp_initialize(p)) {
+    match inbound::read(&bytes) {
+        Inbound::Batch(members) => batch(&st, &parts.headers, &members).await,
+        message => respond(&st, &parts.headers, &bytes, message).await,
+    }
+}
+
+/// The answer to one client message that is not a batch (a batch's member included), as
+/// [`inbound::read`] classified it.
+async fn respond<S: Store + Clone>(
+    st: &Arc<Shared<S>>,
+    headers: &HeaderMap,
+    bytes: &Bytes,
+    message: Inbound<'_>,
+) -> Response {
+    match message {
+        Inbound::Relay => pass(st, Method::POST, headers, bytes.clone().into()).await,
+        Inbound::Refused(refusal) => refused(&refusal),
+        Inbound::Batch(_) => refused(&inbound::nested_batch()),
+        Inbound::Request {
+            id,
+            method: Interpreted::Initialize,
+            params,
+        } => match params.and_then(|p| st.proxy.clamp_initialize(p)) {
             Some(params) => {
                 let body = rpc::request(&id, "initialize", &params);
-                pass(&st, Method::POST, &parts.headers, body.into()).await
+                pass(st, Method::POST, headers, body.into()).await
             }
-            None => pass(&st, Method::POST, &parts.headers, bytes.into()).await,
+            None => pass(st, Method::POST, headers, bytes.clone().into()).await,
         },
-        "tools/list" | "server/discover" => {
-            rewritten(&st, &parts.headers, bytes, &id, &method).await
+        Inbound::Request { id, method, .. } => {
+            rewritten(st, headers, bytes.clone(), &id, method.method()).await
         }
-        "tools/call" => {
-            let params = env.params_value();
-            tools_call(st, parts.headers, bytes, id, params).await
+        Inbound::Call { id, params } => {
+            tools_call(st.clone(), headers.clone(), bytes.clone(), id, params).await
         }
-        _ => pass(&st, Method::POST, &parts.headers, bytes.into()).await,
+    }
+}
+
+/// A message the proxy does not forward: 400, with the JSON-RPC error as the body, as the
+/// transport answers a message it cannot accept.
+fn refused(refusal: &inbound::Refusal) -> Response {
+    tracing::warn!(reason = %refusal.message, "refused a client message");
+    (
+        StatusCode::BAD_REQUEST,
+        [(header::CONTENT_TYPE, "application/json")],
+        refusal.answer(),
+    )
+        .into_response()
+}
+
+/// A batch (protocol 2025-03-26, the only one with batches: a session that sends no
+/// `MCP-Protocol-Version` speaks it): each member is answered as if it came alone, and the
+/// answers come back as the events of one SSE stream, as the transport allows. In any other
+/// version the batch is refused, an error per request.
+async fn batch<S: Store + Clone>(
+    st: &Arc<Shared<S>>,
+    headers: &HeaderMap,
+    members: &[&RawValue],
+) -> Response {
+    let version = headers
+        .get("mcp-protocol-version")
+        .and_then(|v| v.to_str().ok());
+    if version.is_some_and(|v| v != BATCH_VERSION) {
+        return (
+            StatusCode::BAD_REQUEST,
+            [(header::CONTENT_TYPE, "application/json")],
+            inbound::refuse_batch(members, version),
+        )
+            .into_response();
+    }
+    let (tx, rx) = mpsc::channel::<Vec<u8>>(64);
+    for member in members {
+        let bytes = Bytes::copy_from_slice(member.get().as_bytes());
+        let (st, headers, tx) = (st.clone(), headers.clone(), tx.clone());
+        tokio::spawn(async move {
+            let message = match inbound::read(&bytes) {
+                Inbound::Request {
+                    method: Interpreted::Initialize,
+                    id,
+                    ..
+                } => Inbound::Refused(inbound::Refusal {
+                    id: Some(id),
+                    code: inbound::INVALID_REQUEST,
+                    message: "initialize must not be part of a batch (MCP 2025-03-26)".into(),
+                }),
+                other => other,
+            };
+            let id = Envelope::parse(&bytes)
+                .filter(Envelope::is_request)
+                .and_then(|e| e.id_text());
+            let resp = respond(&st, &headers, &bytes, message).await;
+            as_events(resp, id, tx).await;
+        });
+    }
+    drop(tx);
+    Response::builder()
+        .status(StatusCode::OK)
+        .header(header::CONTENT_TYPE, "text/event-stream")
+        .header(header::CACHE_CONTROL, "no-cache")
+        .body(channel_body(rx))
+        .unwrap_or_else(|_| problem(StatusCode::INTERNAL_SERVER_ERROR, "cannot answer"))
+}
+
+/// One batch member's answer as SSE events on `tx`: an event stream as it is, a JSON answer
+/// as one event, an HTTP error as a JSON-RPC error to the member's request `id`, nothing for
+/// an accepted notification or response.
+async fn as_events(resp: Response, id: Option<String>, tx: mpsc::Sender<Vec<u8>>) {
+    let status = resp.status();
+    let sse = resp
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with("text/event-stream"));
+    let mut body = resp.into_body().into_data_stream();
+    if status.is_success() && sse {
+        while let Ok(Some(chunk)) = body.try_next().await {
+            if tx.send(chunk.to_vec()).await.is_err() {
+                return;
+            }
+        }
+        return;
+    }
+    let mut text = Vec::new();
+    while let Ok(Some(chunk)) = body.try_next().await {
+        text.extend_from_slice(&chunk);
+        if text.len() > MAX_MESSAGE {
+            break;
+        }
+    }
+    let message = if status.is_success() {
+        text
+    } else if let Some(id) = id {
+        match serde_json::from_slice::<Value>(&text) {
+            // Already a JSON-RPC error (a refusal): as it is.
+            Ok(v) if v.get("error").is_some() => text,
+            _ => rpc::error_response(
+                &id,
+                &rpc::error_object(
+                    rpc::INTERNAL_ERROR,
+                    &format!(
+                        "answered {status}: {}",
+                        String::from_utf8_lossy(&text)
+                            .chars()
+                            .take(300)
+                            .collect::<String>()
+                    ),
+                ),
+            ),
+        }
+    } else {
+        return;
+    };
+    if !message.iter().all(u8::is_ascii_whitespace) {
+        let _ = tx
+            .send([b"data: ".as_slice(), message.trim_ascii(), b"\n\n"].concat())
+            .await;
     }
 }
 
@@ -672,11 +820,8 @@ async fn tools_call<S: Store + Clone>(
     headers: HeaderMap,
     bytes: Bytes,
     id: String,
-    params: Value,
+    params: Map<String, Value>,
 ) -> Response {
-    let Value::Object(params) = params else {
-        return pass(&st, Method::POST, &headers, bytes.into()).await;
-    };
     let name = params
         .get("name")
         .and_then(Value::as_str)

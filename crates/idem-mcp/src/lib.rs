@@ -12,6 +12,8 @@
 //! interpret passes as the bytes it came in.
 //!
 //! - [`rpc`]: JSON-RPC messages as the relay reads them, with a size bound.
+//! - [`inbound`]: what a client message is, read fail-closed: a message that any parser
+//!   could read another way is refused, never relayed.
 //! - [`policy`]: which tools are effects (MCP annotations, overridden by a TOML file), and
 //!   how their keys and errors behave.
 //! - [`schema`]: the `idempotency_key` property in input schemas, and where a call's key is
@@ -31,6 +33,7 @@
 
 pub mod call;
 pub mod http;
+pub mod inbound;
 pub mod policy;
 pub mod proxy;
 pub mod rpc;

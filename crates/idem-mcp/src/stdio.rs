@@ -26,6 +26,7 @@ use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, BufReader};
 use tokio::sync::{mpsc, oneshot};
 
 use crate::call::Forwarded;
+use crate::inbound::{self, BATCH_VERSION, Inbound, Interpreted};
 use crate::policy::Policies;
 use crate::proxy::Proxy;
 use crate::rpc::{self, Envelope, Line, Lines, MAX_MESSAGE};
@@ -95,8 +96,10 @@ struct Link {
     /// `None` once the upstream's output has ended: a request asked after that would wait
     /// its whole timeout for an answer nobody reads.
     pending: Mutex<Option<HashMap<String, oneshot::Sender<Answer>>>>,
-    /// The client's requests whose results the proxy rewrites, by id: their method.
+    /// The client's requests whose results the proxy reads or rewrites, by id: their method.
     rewrite: Mutex<HashMap<String, String>>,
+    /// The protocol version the upstream's answer to `initialize` chose.
+    version: Mutex<Option<String>>,
     nonce: String,
     next: AtomicU64,
 }
@@ -150,6 +153,14 @@ impl Link {
     async fn client(&self, msg: Vec<u8>) {
         let _ = self.to_client.send(msg).await;
     }
+
+    /// The negotiated protocol version, once the upstream has answered `initialize`.
+    fn version(&self) -> Option<String> {
+        self.version
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
 }
 
 /// Relays between a client (`client_in`, `client_out`) and an upstream (`up_out`, `up_in`)
@@ -176,6 +187,7 @@ pub async fn relay<S, CR, CW, UR, UW>(
         to_upstream,
         pending: Mutex::new(Some(HashMap::new())),
         rewrite: Mutex::default(),
+        version: Mutex::default(),
         nonce: nonce(),
         next: AtomicU64::new(1),
     });
@@ -295,6 +307,12 @@ fn upstream_message<S: Store + Clone>(
         .lock()
         .unwrap_or_else(|p| p.into_inner())
         .remove(&id);
+    if let (Some("initialize"), Some(result)) = (method.as_deref(), env.result) {
+        let chosen = serde_json::from_str::<Value>(result.get())
+            .ok()
+            .and_then(|v| v.get("protocolVersion")?.as_str().map(str::to_owned));
+        *link.version.lock().unwrap_or_else(|p| p.into_inner()) = chosen;
+    }
     if let (Some(method), Some(result)) = (method, env.result)
         && let Some(rewritten) = proxy.rewrite_result(&method, result)
     {
@@ -338,46 +356,82 @@ where
                 continue;
             }
         };
-        let Some(env) = Envelope::parse(&bytes) else {
-            let _ = link.to_upstream.send(bytes).await;
-            continue;
-        };
-        let (Some(method), Some(id)) = (env.method.clone(), env.id_text()) else {
-            let _ = link.to_upstream.send(bytes).await;
-            continue;
-        };
-        match method.as_str() {
-            "initialize" => {
-                if let Some(params) = env.params.and_then(|p| proxy.clamp_initialize(p)) {
-                    let msg = rpc::request(&id, "initialize", &params);
-                    let _ = link.to_upstream.send(msg).await;
+        match inbound::read(&bytes) {
+            Inbound::Batch(members) => {
+                let version = link.version();
+                if version.as_deref() != Some(BATCH_VERSION) {
+                    tracing::warn!("refused a JSON-RPC batch outside protocol {BATCH_VERSION}");
+                    link.client(inbound::refuse_batch(&members, version.as_deref()))
+                        .await;
                     continue;
                 }
+                // Member by member, each read as if it came alone; each answer goes back
+                // on its own line.
+                let members: Vec<Vec<u8>> = members
+                    .iter()
+                    .map(|m| m.get().as_bytes().to_vec())
+                    .collect();
+                for member in members {
+                    single(&link, &proxy, &scope, member).await;
+                }
             }
-            "tools/list" | "server/discover" => {
-                link.rewrite
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .insert(id, method);
-            }
-            "tools/call" => {
-                let params = env.params_value();
-                // Tracked from here: a shutdown that comes before the call is claimed
-                // still waits for it, with the upstream's answers still read.
-                proxy.track(tools_call(
-                    link.clone(),
-                    proxy.clone(),
-                    scope.clone(),
-                    id,
-                    params,
-                    bytes,
-                ));
-                continue;
-            }
-            _ => {}
+            _ => single(&link, &proxy, &scope, bytes).await,
         }
-        let _ = link.to_upstream.send(bytes).await;
     }
+}
+
+/// One client message that is not a batch (a batch's member included): relayed, refused,
+/// or interpreted ([`inbound::read`]).
+async fn single<S: Store + Clone>(
+    link: &Arc<Link>,
+    proxy: &Proxy<S>,
+    scope: &Scope,
+    bytes: Vec<u8>,
+) {
+    let (id, method, params) = match inbound::read(&bytes) {
+        Inbound::Relay => {
+            let _ = link.to_upstream.send(bytes).await;
+            return;
+        }
+        Inbound::Refused(refusal) => {
+            tracing::warn!(reason = %refusal.message, "refused a client message");
+            link.client(refusal.answer()).await;
+            return;
+        }
+        Inbound::Batch(_) => {
+            let refusal = inbound::nested_batch();
+            link.client(refusal.answer()).await;
+            return;
+        }
+        Inbound::Call { id, params } => {
+            // Tracked from here: a shutdown that comes before the call is claimed still
+            // waits for it, with the upstream's answers still read.
+            proxy.track(tools_call(
+                link.clone(),
+                proxy.clone(),
+                scope.clone(),
+                id,
+                params,
+                bytes,
+            ));
+            return;
+        }
+        Inbound::Request { id, method, params } => (id, method, params),
+    };
+    link.rewrite
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .insert(id.clone(), method.method().to_owned());
+    if method == Interpreted::Initialize
+        && let Some(params) = params.and_then(|p| proxy.clamp_initialize(p))
+    {
+        let _ = link
+            .to_upstream
+            .send(rpc::request(&id, "initialize", &params))
+            .await;
+        return;
+    }
+    let _ = link.to_upstream.send(bytes).await;
 }
 
 /// A `tools/call`: an effect tool's goes through the proxy, any other is relayed as it came.
@@ -386,13 +440,9 @@ async fn tools_call<S: Store + Clone>(
     proxy: Proxy<S>,
     scope: Scope,
     id: String,
-    params: Value,
+    params: Map<String, Value>,
     bytes: Vec<u8>,
 ) {
-    let Value::Object(params) = params else {
-        let _ = link.to_upstream.send(bytes).await;
-        return;
-    };
     let name = params
         .get("name")
         .and_then(Value::as_str)
