@@ -364,8 +364,14 @@ pub(crate) struct McpArgs {
     #[arg(long, value_name = "FILE", requires = "listen")]
     pub(crate) upstream_ca: Option<PathBuf>,
     /// Serve /healthz and /metrics (Prometheus) and /keys/KEY at this address (stdio or HTTP).
+    /// Without --admin-token-env it answers only requests addressed to an IP or localhost.
     #[arg(long, env = "IDEM_MCP_ADMIN_LISTEN", value_name = "ADDR", value_parser = socket_addr)]
     pub(crate) admin_listen: Option<std::net::SocketAddr>,
+    /// The environment variable holding the admin listener's bearer token (at least 16
+    /// characters), as idem serve's admin.token_env: every route but /healthz then needs
+    /// Authorization: Bearer TOKEN.
+    #[arg(long, value_name = "VAR", requires = "admin_listen")]
+    pub(crate) admin_token_env: Option<String>,
     /// The upstream MCP server to spawn, and its arguments (after --).
     #[arg(last = true, value_name = "COMMAND")]
     pub(crate) command: Vec<std::ffi::OsString>,

@@ -658,11 +658,16 @@ async fn an_https_upstream_with_its_ca_works_and_without_it_the_error_names_the_
 
 /// `GET http://ADDR{path}` with HTTP/1.0 (the server closes): the status line and body.
 fn http_get(addr: std::net::SocketAddr, path: &str) -> (String, String) {
+    http_get_with(addr, path, &format!("Host: {addr}\r\n"))
+}
+
+/// `GET http://ADDR{path}` with these header lines (each ending in CRLF), `Host` included.
+fn http_get_with(addr: std::net::SocketAddr, path: &str, headers: &str) -> (String, String) {
     use std::io::{Read, Write};
     let mut s = std::net::TcpStream::connect(addr).expect("connect");
     s.set_read_timeout(Some(Duration::from_secs(30)))
         .expect("timeout");
-    write!(s, "GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n").expect("send");
+    write!(s, "GET {path} HTTP/1.0\r\n{headers}\r\n").expect("send");
     let mut text = String::new();
     s.read_to_string(&mut text).expect("read");
     let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
@@ -717,6 +722,79 @@ async fn the_admin_listener_counts_executions_and_replays() {
         );
     }
     let _ = client.cancel().await;
+}
+
+/// The admin listener of `idem mcp` follows `idem serve`'s rule: without a token it answers
+/// only a `Host` DNS rebinding cannot forge (a page on a name resolving to 127.0.0.1 got a
+/// stored tool result before); with `--admin-token-env` every route but `/healthz` needs the
+/// bearer token, whatever the `Host`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_admin_listener_answers_rebinding_hosts_only_with_its_token() {
+    let free = || {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        l.local_addr().expect("addr")
+    };
+    let d = dir();
+    let db = d.db.display().to_string();
+    let upstream = spawn_http(&["example-mcp", "--listen", "127.0.0.1:0", "--db", &db]);
+    let store = format!("sqlite:{}", d.store.display());
+    let open = free();
+    let _open_proxy = http_proxy(&upstream.1, &store, &["--admin-listen", &open.to_string()]);
+    let evil = "Host: evil.example:9191\r\n";
+    for path in ["/metrics", "/keys/k-1?scope=anonymous", "/ui", "/ui/login"] {
+        let (status, body) = http_get_with(open, path, evil);
+        assert!(status.contains(" 403"), "{path}: {status} {body}");
+        let (status, _) = http_get(open, path);
+        assert!(
+            !status.contains(" 403"),
+            "{path} on its own address: {status}"
+        );
+    }
+    assert!(http_get_with(open, "/healthz", evil).0.contains(" 200"));
+
+    let guarded = free();
+    let mut child = Command::new(IDEM)
+        .args([
+            "mcp",
+            "--listen",
+            "127.0.0.1:0",
+            "--upstream-url",
+            &upstream.1,
+        ])
+        .args(["--store", &store, "--admin-listen", &guarded.to_string()])
+        .args(["--admin-token-env", "TEST_MCP_ADMIN_TOKEN"])
+        .env("TEST_MCP_ADMIN_TOKEN", "mcp-admin-token-0123")
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("spawn idem mcp");
+    let mut line = String::new();
+    let stdout = child.stdout.take().expect("stdout");
+    BufReader::new(stdout)
+        .read_line(&mut line)
+        .expect("read the announcement");
+    let _guarded_proxy = Server(child, String::new());
+    let (status, _) = http_get(guarded, "/metrics");
+    assert!(status.contains(" 401"), "{status}");
+    let bearer = "Authorization: Bearer mcp-admin-token-0123\r\n";
+    let (status, body) = http_get_with(guarded, "/metrics", &format!("{evil}{bearer}"));
+    assert!(status.contains(" 200"), "{status} {body}");
+    let short = Command::new(IDEM)
+        .args([
+            "mcp",
+            "--store",
+            &store,
+            "--admin-listen",
+            &free().to_string(),
+        ])
+        .args(["--admin-token-env", "TEST_MCP_ADMIN_TOKEN", "--", "true"])
+        .env("TEST_MCP_ADMIN_TOKEN", "short")
+        .output()
+        .expect("idem mcp");
+    let err = String::from_utf8_lossy(&short.stderr);
+    assert!(
+        !short.status.success() && err.contains("at least 16"),
+        "{err}"
+    );
 }
 
 /// An upstream that accepts connections and never answers (here: a socket nobody accepts on,

@@ -68,7 +68,6 @@ pub fn router_on_clock<St: Store + ListRecords + Clone>(
             page_gate::<St>,
         ));
     Router::new()
-        .route("/healthz", get(|| async { "ok\n" }))
         .route("/metrics", get(metrics_page::<St>))
         .route("/keys/{key}", get(key_page::<St>))
         .route("/", get(|| async { Redirect::to("/ui") }))
@@ -76,7 +75,35 @@ pub fn router_on_clock<St: Store + ListRecords + Clone>(
         .route("/ui/login", get(ui::login_form::<St>).post(ui::login::<St>))
         .route("/ui/logout", post(ui::logout::<St>))
         .route("/ui/style.css", get(ui::style))
+        .layer(middleware::from_fn_with_state(
+            state.clone(),
+            listener_gate::<St>,
+        ))
+        // Outside the gate: it says nothing, and probes reach it by whatever name they have.
+        .route("/healthz", get(|| async { "ok\n" }))
         .with_state(state)
+}
+
+/// The rule every admin route but `/healthz` follows first: a listener without a token
+/// answers only a `Host` that DNS rebinding cannot forge (an IP literal or `localhost`), so
+/// no web page whose name resolves to this machine can read records, metrics or forms. A
+/// listener with a token answers any `Host`; each route then asks for the token (or, on the
+/// page, its session cookie).
+async fn listener_gate<St: Store>(
+    State(state): State<Arc<AdminState<St>>>,
+    req: Request,
+    next: Next,
+) -> Response {
+    if state.access.host_ok(req.headers()) {
+        next.run(req).await
+    } else {
+        problem(
+            StatusCode::FORBIDDEN,
+            "this admin listener has no token, so it answers only requests addressed to an IP \
+             address or localhost (DNS rebinding protection); set a token to reach it by name"
+                .into(),
+        )
+    }
 }
 
 fn problem(status: StatusCode, detail: String) -> Response {

@@ -348,6 +348,23 @@ pub const DEFAULT_HEADER_READ: Duration = Duration::from_secs(10);
 /// listener (and the resolve form on its page) open while it looks guarded.
 pub const MIN_ADMIN_TOKEN_LEN: usize = 16;
 
+/// The admin token held by the environment variable `var`, which the setting `what` names
+/// (`admin.token_env` in `idem serve`'s file, `--admin-token-env` of `idem mcp`). Read from
+/// the environment, not the command line, so it shows in no process listing.
+pub fn admin_token_from_env(var: &str, what: &str) -> Result<String> {
+    let token =
+        std::env::var(var).with_context(|| format!("{what} names {var}, which is not set"))?;
+    // An empty token would match a request that sends none: the listener would be open
+    // while the operator believes it guarded.
+    if token.trim().len() < MIN_ADMIN_TOKEN_LEN {
+        bail!(
+            "{what} names {var}, which holds {} characters; an admin token needs at least {MIN_ADMIN_TOKEN_LEN}",
+            token.trim().len()
+        );
+    }
+    Ok(token)
+}
+
 /// The default of `[timeouts] body_read`.
 pub const DEFAULT_BODY_READ: Duration = Duration::from_secs(30);
 
@@ -508,22 +525,12 @@ impl Settings {
             };
             routes = routes.route(method, pattern, route_policy(r, &route_base, &where_)?);
         }
-        let admin_token = match &file.admin.token_env {
-            Some(var) => {
-                let token = std::env::var(var)
-                    .with_context(|| format!("admin.token_env names {var}, which is not set"))?;
-                // An empty token would match a request that sends none: the listener would be
-                // open while the operator believes it guarded.
-                if token.trim().len() < MIN_ADMIN_TOKEN_LEN {
-                    bail!(
-                        "admin.token_env names {var}, which holds {} characters; an admin token needs at least {MIN_ADMIN_TOKEN_LEN}",
-                        token.trim().len()
-                    );
-                }
-                Some(token)
-            }
-            None => None,
-        };
+        let admin_token = file
+            .admin
+            .token_env
+            .as_deref()
+            .map(|var| admin_token_from_env(var, "admin.token_env"))
+            .transpose()?;
         // The same words `idem inspect --store` uses, the password hidden in them.
         let store: StoreUrl = over
             .store

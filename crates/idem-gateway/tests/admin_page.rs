@@ -354,3 +354,117 @@ async fn a_resolve_form_cannot_settle_a_later_execution() {
             .is_none()
     );
 }
+
+/// One request to the router with these headers: its status and body.
+async fn send(
+    app: &axum::Router,
+    req: axum::http::request::Builder,
+    body: &str,
+) -> (StatusCode, String) {
+    let resp = app
+        .clone()
+        .oneshot(req.body(Body::from(body.to_owned())).expect("request"))
+        .await
+        .expect("the router answers");
+    let status = resp.status();
+    let body = resp.into_body().collect().await.expect("body").to_bytes();
+    (status, String::from_utf8_lossy(&body).into_owned())
+}
+
+/// One access rule for every route but `/healthz`: without a token, only a `Host` DNS
+/// rebinding cannot forge is answered (`Host: evil.example` got a whole stored response from
+/// `/keys`, the metrics and the login form's token before); with one, any `Host` with the
+/// token. A changing POST without an `Origin` is refused unless it carries the token.
+#[tokio::test]
+async fn every_admin_route_follows_one_access_rule() {
+    let store = populated().await;
+    let principal = Scope::from_principal([b"authorization: Bearer agent-1".as_slice()]);
+    let keys = format!("/keys/order-1?scope={}", principal.as_str());
+    let open =
+        idem_gateway::admin::router_on_clock(store.clone(), metrics(), None, Arc::new(SystemClock));
+    for path in [
+        keys.as_str(),
+        "/metrics",
+        "/ui",
+        "/ui/login",
+        "/ui/record?key=charge-7",
+    ] {
+        let evil = Request::get(path).header(header::HOST, "evil.example:9191");
+        let (status, body) = send(&open, evil, "").await;
+        assert_eq!(status, StatusCode::FORBIDDEN, "{path}: {body}");
+        assert!(
+            !body.contains("ord_1") && !body.contains("form_token"),
+            "{body}"
+        );
+        let local = Request::get(path).header(header::HOST, "127.0.0.1:9191");
+        let (status, body) = send(&open, local, "").await;
+        assert_eq!(status, StatusCode::OK, "{path}: {body}");
+    }
+    let (status, _) = send(
+        &open,
+        Request::get("/healthz").header(header::HOST, "evil.example:9191"),
+        "",
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK);
+    for evil in [
+        Request::post("/ui/resolve").header(header::HOST, "evil.example:9191"),
+        Request::post("/ui/login").header(header::HOST, "evil.example:9191"),
+    ] {
+        let (status, _) = send(&open, evil, "").await;
+        assert_eq!(status, StatusCode::FORBIDDEN);
+    }
+
+    // A resolve POST with the form token but no Origin: refused, and nothing settled.
+    let (_, record) = send(
+        &open,
+        Request::get("/ui/record?key=charge-7").header(header::HOST, "127.0.0.1:9191"),
+        "",
+    )
+    .await;
+    let form = format!(
+        "form_token={}&scope=&key=charge-7&action=release&execution={}&confirm=yes",
+        hidden_field(&record, "form_token"),
+        hidden_field(&record, "execution")
+    );
+    let post = |origin: Option<&str>| {
+        let mut r = Request::post("/ui/resolve")
+            .header(header::HOST, "127.0.0.1:9191")
+            .header(header::CONTENT_TYPE, "application/x-www-form-urlencoded");
+        if let Some(o) = origin {
+            r = r.header(header::ORIGIN, o);
+        }
+        r
+    };
+    let (status, page) = send(&open, post(None), &form).await;
+    assert_eq!(status, StatusCode::FORBIDDEN, "{page}");
+    assert!(
+        store
+            .get(&Scope::anonymous(), &key("charge-7"))
+            .await
+            .expect("get")
+            .is_some()
+    );
+    let (status, page) = send(&open, post(Some("http://127.0.0.1:9191")), &form).await;
+    assert!(
+        status.is_success() || status.is_redirection(),
+        "{status}: {page}"
+    );
+    assert!(
+        store
+            .get(&Scope::anonymous(), &key("charge-7"))
+            .await
+            .expect("get")
+            .is_none()
+    );
+
+    // With a token, any Host that brings it.
+    let guarded = router(store);
+    let evil_with_token = Request::get(keys.as_str())
+        .header(header::HOST, "evil.example:9191")
+        .header(header::AUTHORIZATION, format!("Bearer {TOKEN}"));
+    let (status, body) = send(&guarded, evil_with_token, "").await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let evil = Request::get(keys.as_str()).header(header::HOST, "evil.example:9191");
+    assert_eq!(send(&guarded, evil, "").await.0, StatusCode::UNAUTHORIZED);
+}

@@ -27,7 +27,12 @@ pub(crate) async fn run(args: McpArgs) -> Result<()> {
         // The same admin listener as `idem serve`'s: /healthz, /metrics (the engine's
         // idem_requests_total by outcome, replays, store errors), /keys/KEY.
         let metrics = install_metrics()?;
-        let router = idem_gateway::admin::router(store.clone(), metrics, None);
+        let token = args
+            .admin_token_env
+            .as_deref()
+            .map(|var| idem_gateway::config::admin_token_from_env(var, "--admin-token-env"))
+            .transpose()?;
+        let router = idem_gateway::admin::router(store.clone(), metrics, token);
         let listener = tokio::net::TcpListener::bind(admin)
             .await
             .with_context(|| format!("cannot listen on {admin} (--admin-listen)"))?;

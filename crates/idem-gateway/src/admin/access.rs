@@ -8,10 +8,14 @@
 //! only the page, is not a bearer token for anything else, and is void once the token
 //! changes.
 //!
+//! Without a token (the loopback default), the listener answers only a `Host` that DNS
+//! rebinding cannot forge: an IP literal or `localhost` ([`Access::host_ok`], applied to every
+//! route but `/healthz`). So a page whose name resolves to 127.0.0.1 reads nothing.
+//!
 //! Every form that changes something also carries a per-process random value
-//! ([`Access::form_token`]), and a POST whose `Origin` names another host is refused: with
-//! no admin token configured (the loopback default) there is no cookie to protect, and those
-//! two are what stop another site's page from posting to the listener.
+//! ([`Access::form_token`]), and a POST must show it came from this listener's own page: an
+//! `Origin` naming the `Host` it was sent to, or, where a client sends no `Origin`, the
+//! bearer token or the session cookie (which `SameSite=Strict` keeps from other sites).
 
 use axum::http::{HeaderMap, header};
 use hmac::{Hmac, Mac};
@@ -96,15 +100,23 @@ impl Access {
         got.is_some_and(|got| !want.is_empty() && same(got, want))
     }
 
-    /// Whether the page may be shown: no token configured (and then only to a `Host` that DNS
-    /// rebinding cannot forge), the bearer token, or the session cookie.
+    /// Whether the listener answers this request at all: with a token, any `Host` (each route
+    /// asks for the token); without one, only a `Host` DNS rebinding cannot forge.
+    pub(crate) fn host_ok(&self, headers: &HeaderMap) -> bool {
+        self.required() || unforgeable_host(headers)
+    }
+
+    /// Whether the page may be shown: no token configured (the listener's gate has checked
+    /// the `Host`, [`Access::host_ok`]), the bearer token, or the session cookie.
     pub(crate) fn page_ok(&self, headers: &HeaderMap) -> bool {
-        match &self.session {
-            None => unforgeable_host(headers),
-            Some(want) => {
-                self.bearer_ok(headers) || cookie(headers, COOKIE).is_some_and(|c| same(c, want))
-            }
-        }
+        !self.required() || self.bearer_ok(headers) || self.cookie_ok(headers)
+    }
+
+    /// Whether the request carries the session cookie.
+    fn cookie_ok(&self, headers: &HeaderMap) -> bool {
+        self.session
+            .as_deref()
+            .is_some_and(|want| cookie(headers, COOKIE).is_some_and(|c| same(c, want)))
     }
 
     /// Whether `token` (typed into the login form) is the admin token.
@@ -130,10 +142,16 @@ impl Access {
         &self.form_token
     }
 
-    /// Whether a POST may change something: it carries this process's form token, and its
-    /// `Origin`, when sent, is this listener's own host.
+    /// Whether a POST may change something: it carries this process's form token, and it
+    /// came from this listener's own page: its `Origin` is this listener's host, or, sent
+    /// without an `Origin` (browsers send one on every form POST; some programs do not), it
+    /// carries the bearer token or the session cookie, which no other site's page can send.
     pub(crate) fn post_ok(&self, headers: &HeaderMap, form_token: &str) -> bool {
-        same(form_token, &self.form_token) && same_origin(headers)
+        let from_here = match headers.get(header::ORIGIN) {
+            Some(_) => same_origin(headers),
+            None => self.required() && (self.bearer_ok(headers) || self.cookie_ok(headers)),
+        };
+        same(form_token, &self.form_token) && from_here
     }
 }
 
@@ -157,10 +175,10 @@ fn unforgeable_host(headers: &HeaderMap) -> bool {
     name.eq_ignore_ascii_case("localhost") || name.parse::<std::net::Ipv4Addr>().is_ok()
 }
 
-/// `Origin` absent (some clients omit it), or naming the `Host` the request was sent to.
+/// `Origin` naming the `Host` the request was sent to.
 fn same_origin(headers: &HeaderMap) -> bool {
     let Some(origin) = headers.get(header::ORIGIN) else {
-        return true;
+        return false;
     };
     let host = headers.get(header::HOST).and_then(|h| h.to_str().ok());
     let origin_host = origin
@@ -221,7 +239,7 @@ mod tests {
     }
 
     #[test]
-    fn without_a_token_the_page_answers_only_hosts_dns_rebinding_cannot_name() {
+    fn without_a_token_the_listener_answers_only_hosts_dns_rebinding_cannot_name() {
         let open = Access::new(None);
         for host in [
             "127.0.0.1:9090",
@@ -232,7 +250,7 @@ mod tests {
             "[::1]",
             "10.1.2.3:9090",
         ] {
-            assert!(open.page_ok(&headers(&[(header::HOST, host)])), "{host}");
+            assert!(open.host_ok(&headers(&[(header::HOST, host)])), "{host}");
         }
         for host in [
             "evil.example:9090",
@@ -241,9 +259,11 @@ mod tests {
             "127.0.0.1.nip.io:9090",
             "[evil]:9090",
         ] {
-            assert!(!open.page_ok(&headers(&[(header::HOST, host)])), "{host}");
+            assert!(!open.host_ok(&headers(&[(header::HOST, host)])), "{host}");
         }
-        assert!(!open.page_ok(&HeaderMap::new()), "no Host at all");
+        assert!(!open.host_ok(&HeaderMap::new()), "no Host at all");
+        let guarded = Access::new(Some("s3cret-admin-token".into()));
+        assert!(guarded.host_ok(&headers(&[(header::HOST, "idem-admin.internal:9191")])));
     }
 
     #[test]
@@ -261,7 +281,28 @@ mod tests {
             (header::ORIGIN, "https://evil.example"),
         ]);
         assert!(!a.post_ok(&foreign, &t));
-        assert!(a.post_ok(&headers(&[(header::HOST, "127.0.0.1:9091")]), &t));
+        // No Origin: only with credentials no other site's page can send.
+        let bare = headers(&[(header::HOST, "127.0.0.1:9091")]);
+        assert!(!a.post_ok(&bare, &t), "no token, no Origin");
         assert!(!Access::new(None).post_ok(&local, &t), "per process");
+        let guarded = Access::new(Some("s3cret-admin-token".into()));
+        let g = guarded.form_token().to_owned();
+        assert!(!guarded.post_ok(&bare, &g));
+        let cookie_value = guarded
+            .session_cookie()
+            .split(';')
+            .next()
+            .map(str::to_owned)
+            .unwrap_or_default();
+        let with_cookie = headers(&[
+            (header::HOST, "127.0.0.1:9091"),
+            (header::COOKIE, &cookie_value),
+        ]);
+        assert!(guarded.post_ok(&with_cookie, &g));
+        let with_bearer = headers(&[
+            (header::HOST, "127.0.0.1:9091"),
+            (header::AUTHORIZATION, "Bearer s3cret-admin-token"),
+        ]);
+        assert!(guarded.post_ok(&with_bearer, &g));
     }
 }
