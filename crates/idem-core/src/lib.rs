@@ -53,6 +53,6 @@ pub use problem::ProblemType;
 pub use record::{CompletedBy, FencingToken, Record, RecordState, StoredBody, StoredResponse};
 pub use scope::{Anonymous, Scope, ScopeError, ScopeHeaders, ScopeHeadersError};
 pub use store::{
-    AbandonedPolicy, Claim, ClaimRequest, DEFAULT_RETENTION, Lease, ListRecords, Listing,
+    AbandonedPolicy, Claim, ClaimRequest, DEFAULT_RETENTION, Lease, ListRecords, Listed, Listing,
     RecordFilter, Resolution, Stale, Store, StoreError,
 };

@@ -20,7 +20,7 @@ use crate::machine::{self, Write};
 use crate::record::{FencingToken, Record, StoredResponse};
 use crate::scope::Scope;
 use crate::store::{
-    Claim, ClaimRequest, ListRecords, Listing, RecordFilter, Resolution, Store, StoreError,
+    Claim, ClaimRequest, ListRecords, Listed, Listing, RecordFilter, Resolution, Store, StoreError,
 };
 
 const SHARDS: usize = 32;
@@ -241,12 +241,13 @@ impl ListRecords for MemoryStore {
         let mut found = Vec::new();
         for shard in self.shards.iter() {
             let shard = shard.lock().unwrap_or_else(|p| p.into_inner());
+            // The listed fields only: no stored body is copied.
             found.extend(
                 shard
                     .records
                     .values()
-                    .filter(|r| filter.matches(r, now))
-                    .cloned(),
+                    .map(Listed::from)
+                    .filter(|r| filter.matches(r, now)),
             );
         }
         Ok(filter.finish(found, now, false))

@@ -78,6 +78,23 @@ pub enum RecordState {
 }
 
 impl RecordState {
+    /// The state at `now` of a record completed at `completed_at` (if ever) whose lease ends at
+    /// `lease_expires_at`: completed once a result is stored, else in flight while the lease
+    /// runs, else abandoned.
+    pub fn of(
+        completed_at: Option<Timestamp>,
+        lease_expires_at: Timestamp,
+        now: Timestamp,
+    ) -> Self {
+        if completed_at.is_some() {
+            RecordState::Completed
+        } else if lease_expires_at > now {
+            RecordState::InFlight
+        } else {
+            RecordState::Abandoned
+        }
+    }
+
     /// The lowercase name used in CLI output and metrics.
     pub const fn as_str(self) -> &'static str {
         match self {
@@ -140,13 +157,7 @@ pub struct Record {
 impl Record {
     /// The record's state at `now`.
     pub fn state(&self, now: Timestamp) -> RecordState {
-        if self.completed_at.is_some() {
-            RecordState::Completed
-        } else if self.lease_expires_at > now {
-            RecordState::InFlight
-        } else {
-            RecordState::Abandoned
-        }
+        RecordState::of(self.completed_at, self.lease_expires_at, now)
     }
 
     /// Whether retention has ended: an expired record is absent to every reader

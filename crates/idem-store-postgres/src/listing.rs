@@ -1,11 +1,12 @@
 //! An operator's listing of records ([`ListRecords`]), for the gateway's admin page: one
-//! read statement on the claims pool (`PgStore`'s [`ListRecords`](idem_core::ListRecords) delegates here), filtered, ordered and cut in SQL.
+//! read statement on the claims pool (`PgStore`'s [`ListRecords`](idem_core::ListRecords) delegates here), filtered, ordered and cut in SQL,
+//! reading only the listed columns (never a response body).
 
 use idem_core::store::list::state_rank;
 use idem_core::{Listing, RecordFilter, StoreError};
 
 use crate::inner::Inner;
-use crate::sql::{now_of, record_of, unavailable};
+use crate::sql::{listed_of, now_of, unavailable};
 
 impl Inner {
     pub(crate) async fn list(&self, filter: &RecordFilter) -> Result<Listing, StoreError> {
@@ -40,7 +41,7 @@ impl Inner {
                 let now = now_of(first)?;
                 let mut records = Vec::with_capacity(rows.len());
                 for row in &rows {
-                    records.extend(record_of(row)?);
+                    records.extend(listed_of(row)?);
                 }
                 Ok(filter.finish(records, now, false))
             })

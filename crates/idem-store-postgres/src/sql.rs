@@ -3,8 +3,8 @@
 //! Every statement takes the time as its first parameter: a number from an injected clock,
 //! or NULL to read the database's own clock, so all gateways agree on when a lease ends.
 
-use idem_core::store::columns::Columns;
-use idem_core::{Record, StoreError, Timestamp};
+use idem_core::store::columns::{Columns, ListedColumns};
+use idem_core::{Listed, Record, StoreError, Timestamp};
 use tokio_postgres::Row;
 
 /// The time inside a statement: `$1`, or the database's clock when it is NULL.
@@ -160,9 +160,12 @@ WHERE NOT EXISTS (SELECT 1 FROM ins WHERE ins.scope = cur.scope AND ins.key = cu
             // (`starts_with`, no LIKE wildcards) and the state rank ($4, NULL for any), in the
             // listing's order (abandoned, in flight, completed; newest first; then bytewise by
             // scope and key, hence COLLATE "C"). LEFT JOIN so the time comes back with no row.
+            // Only the columns the listing shows: never a response body.
             list: format!(
                 r#"WITH t AS ({NOW}) SELECT t.now, r.* FROM t LEFT JOIN LATERAL (
-  SELECT x.* FROM {t} x WHERE x.expires_at > t.now
+  SELECT x.scope, x.key, x.created_at, x.lease_expires_at, x.completed_at, x.expires_at,
+    x.attempts, x.replays
+  FROM {t} x WHERE x.expires_at > t.now
     AND starts_with(x.key, $2) AND starts_with(x.scope, $3)
     AND ($4::int IS NULL OR {rank} = $4::int)
   ORDER BY {rank}, x.created_at DESC, x.scope COLLATE "C", x.key COLLATE "C"
@@ -209,6 +212,25 @@ pub(crate) fn now_of(row: &Row) -> Result<Timestamp, StoreError> {
     row.try_get::<_, i64>("now")
         .map(Timestamp::from_millis)
         .map_err(db)
+}
+
+/// The listed columns in `row` (the listing's statement), or `None` for a LEFT JOIN that
+/// found nothing.
+pub(crate) fn listed_of(row: &Row) -> Result<Option<Listed>, StoreError> {
+    let Some(scope) = row.try_get::<_, Option<String>>("scope").map_err(db)? else {
+        return Ok(None);
+    };
+    let columns = ListedColumns {
+        scope,
+        key: row.try_get("key").map_err(db)?,
+        created_at: row.try_get("created_at").map_err(db)?,
+        lease_expires_at: row.try_get("lease_expires_at").map_err(db)?,
+        completed_at: row.try_get("completed_at").map_err(db)?,
+        expires_at: row.try_get("expires_at").map_err(db)?,
+        attempts: row.try_get("attempts").map_err(db)?,
+        replays: row.try_get("replays").map_err(db)?,
+    };
+    columns.into_listed("postgres").map(Some)
 }
 
 /// The record in `row`, or `None` for a LEFT JOIN that found nothing.

@@ -1,7 +1,8 @@
 //! An operator's listing of records ([`ListRecords`]) for the gateway's admin page.
 //!
 //! Redis has no index by state or by key, so a listing SCANs the store's record keys
-//! (`PREFIX:r:*`) and reads each with `HGETALL`, a batch per round trip. The scan is bounded:
+//! (`PREFIX:r:*`) and reads the fields the listing shows of each with `HMGET` (never the
+//! stored response), a batch per round trip. The scan is bounded:
 //! it reads no more than [`MAX_SCANNED`] records and makes no more than [`MAX_SCAN_CALLS`]
 //! SCAN calls (each examines about [`SCAN_COUNT`] keys of the whole database, other
 //! applications' included), and says so (`more`) when it stopped before the end. Nothing is
@@ -62,16 +63,16 @@ impl ListRecords for RedisStore {
             if !keys.is_empty() {
                 let mut pipe = redis::pipe();
                 for k in &keys {
-                    pipe.cmd("HGETALL").arg(k);
+                    pipe.cmd("HMGET").arg(k).arg(&reply::LISTED_FIELDS);
                 }
                 let replies: Vec<Value> =
                     within(timeout, "read records", pipe.query_async(&mut con)).await?;
                 if replies.len() != keys.len() {
-                    return Err(corrupt("HGETALL pipeline answered a different count"));
+                    return Err(corrupt("HMGET pipeline answered a different count"));
                 }
                 for v in &replies {
-                    // A key deleted between SCAN and HGETALL reads as empty: absent.
-                    if let Some(r) = reply::record(v)?
+                    // A key deleted between SCAN and HMGET reads as nil fields: absent.
+                    if let Some(r) = reply::listed(v)?
                         && filter.matches(&r, now)
                     {
                         found.push(r);

@@ -1,7 +1,7 @@
 //! Script replies read back into records. A reply idem cannot read is corrupt, never guessed.
 
-use idem_core::store::columns::Columns;
-use idem_core::{FencingToken, Key, Record, Scope, StoreError, StoredResponse, Timestamp};
+use idem_core::store::columns::{Columns, ListedColumns};
+use idem_core::{FencingToken, Key, Listed, Record, Scope, StoreError, StoredResponse, Timestamp};
 use redis::Value;
 
 pub(crate) fn corrupt(what: impl std::fmt::Display) -> StoreError {
@@ -37,6 +37,39 @@ pub(crate) fn int(v: &Value) -> Result<i64, StoreError> {
 
 pub(crate) fn timestamp(v: &Value) -> Result<Timestamp, StoreError> {
     int(v).map(Timestamp::from_millis)
+}
+
+/// The fields a listing reads of a record hash, in the order [`listed`] reads them.
+pub(crate) const LISTED_FIELDS: [&str; 8] = ["sc", "k", "cat", "lex", "comp", "exp", "att", "rep"];
+
+/// What a listing shows of a record, from an `HMGET` of [`LISTED_FIELDS`]; `None` when the
+/// hash is gone (deleted between the scan and the read: every field nil).
+pub(crate) fn listed(v: &Value) -> Result<Option<Listed>, StoreError> {
+    let Value::Array(fields) = v else {
+        return Err(corrupt(format!("expected fields, got {v:?}")));
+    };
+    let [sc, k, cat, lex, comp, exp, att, rep] = fields.as_slice() else {
+        return Err(corrupt(format!("HMGET answered {} fields", fields.len())));
+    };
+    if fields.iter().all(|f| matches!(f, Value::Nil)) {
+        return Ok(None);
+    }
+    let opt = |v: &Value| match v {
+        Value::Nil => Ok(None),
+        v => int(v).map(Some),
+    };
+    ListedColumns {
+        scope: text(sc)?.to_owned(),
+        key: text(k)?.to_owned(),
+        created_at: int(cat)?,
+        lease_expires_at: int(lex)?,
+        completed_at: opt(comp)?,
+        expires_at: opt(exp)?.unwrap_or(Timestamp::NEVER.as_millis()),
+        attempts: int(att)?,
+        replays: int(rep)?,
+    }
+    .into_listed("redis")
+    .map(Some)
 }
 
 /// The record in an HGETALL reply, or `None` when empty: (field, value, field, value...) as

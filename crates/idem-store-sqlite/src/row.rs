@@ -1,10 +1,10 @@
 //! A record as a row, and back. A row idem cannot read is reported as corrupt, never guessed.
 
 use idem_core::clock::duration_millis;
-use idem_core::store::columns::{Columns, completed_by_code};
+use idem_core::store::columns::{Columns, ListedColumns, completed_by_code};
 use idem_core::store::list::state_rank;
 use idem_core::{
-    FencingToken, Key, Record, RecordFilter, Scope, StoreError, StoredResponse, Timestamp,
+    FencingToken, Key, Listed, Record, RecordFilter, Scope, StoreError, StoredResponse, Timestamp,
 };
 use rusqlite::{Connection, OptionalExtension, Row, params};
 
@@ -61,18 +61,19 @@ const RANK: &str = "(CASE WHEN completed_at IS NOT NULL THEN 2 \
 /// Up to `limit` unexpired records matching `filter` at `now`, in the listing's order
 /// (`substr` compares prefixes without LIKE's wildcards; BINARY collation orders bytewise,
 /// as `listing_order` does).
+/// Only the columns a listing shows ([`Listed`]): never the response.
 pub(crate) fn list(
     conn: &Connection,
     filter: &RecordFilter,
     now: Timestamp,
     limit: usize,
-) -> rusqlite::Result<Result<Vec<Record>, StoreError>> {
+) -> rusqlite::Result<Result<Vec<Listed>, StoreError>> {
     let mut stmt = conn.prepare_cached(&format!(
-        "SELECT {} FROM idem_records WHERE expires_at > ?1 \
+        "SELECT scope, key, created_at, lease_expires_at, completed_at, expires_at, attempts, \
+         replays FROM idem_records WHERE expires_at > ?1 \
          AND substr(key, 1, length(?2)) = ?2 AND substr(scope, 1, length(?3)) = ?3 \
          AND (?4 IS NULL OR {RANK} = ?4) \
-         ORDER BY {RANK}, created_at DESC, scope, key LIMIT ?5",
-        columns!()
+         ORDER BY {RANK}, created_at DESC, scope, key LIMIT ?5"
     ))?;
     let rank = filter.state.map(|s| i64::from(state_rank(s)));
     let limit = i64::try_from(limit).unwrap_or(i64::MAX);
@@ -85,10 +86,21 @@ pub(crate) fn list(
                 rank,
                 limit
             ],
-            raw,
+            |r| {
+                Ok(ListedColumns {
+                    scope: r.get(0)?,
+                    key: r.get(1)?,
+                    created_at: r.get(2)?,
+                    lease_expires_at: r.get(3)?,
+                    completed_at: r.get(4)?,
+                    expires_at: r.get(5)?,
+                    attempts: r.get(6)?,
+                    replays: r.get(7)?,
+                })
+            },
         )?
-        .collect::<rusqlite::Result<Vec<Columns>>>()?;
-    Ok(rows.into_iter().map(|c| c.into_record("sqlite")).collect())
+        .collect::<rusqlite::Result<Vec<ListedColumns>>>()?;
+    Ok(rows.into_iter().map(|c| c.into_listed("sqlite")).collect())
 }
 
 pub(crate) fn upsert(conn: &Connection, r: &Record) -> rusqlite::Result<()> {

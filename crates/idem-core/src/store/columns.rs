@@ -12,6 +12,7 @@ use crate::key::Key;
 use crate::record::{CompletedBy, FencingToken, Record, StoredResponse};
 use crate::scope::Scope;
 use crate::store::StoreError;
+use crate::store::list::Listed;
 
 /// A record's columns, as stored. Times are milliseconds since the Unix epoch;
 /// `expires_at == i64::MAX` means never.
@@ -158,5 +159,46 @@ mod tests {
         let mut c = Columns::of(&sample());
         c.attempts = -1;
         assert!(matches!(c.into_record("t"), Err(StoreError::Corrupt(_))));
+    }
+}
+
+/// The columns a listing reads ([`Listed`]): no fingerprint, token or response.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ListedColumns {
+    /// The scope label.
+    pub scope: String,
+    /// The key.
+    pub key: String,
+    /// When the key was first claimed.
+    pub created_at: i64,
+    /// When the current lease ends.
+    pub lease_expires_at: i64,
+    /// When the result was stored.
+    pub completed_at: Option<i64>,
+    /// When the record stops existing.
+    pub expires_at: i64,
+    /// How many leases were granted.
+    pub attempts: i64,
+    /// How many replays were served.
+    pub replays: i64,
+}
+
+impl ListedColumns {
+    /// What a listing shows of these columns; a column idem never writes is corrupt, as in
+    /// [`Columns::into_record`].
+    pub fn into_listed(self, backend: &str) -> Result<Listed, StoreError> {
+        let corrupt = |what: String| StoreError::Corrupt(format!("{backend} record: {what}"));
+        let count =
+            |n: i64, what: &str| u32::try_from(n).map_err(|_| corrupt(format!("{what} {n}")));
+        Ok(Listed {
+            scope: Scope::new(self.scope).map_err(|e| corrupt(e.to_string()))?,
+            key: Key::new(self.key).map_err(|e| corrupt(e.to_string()))?,
+            created_at: Timestamp::from_millis(self.created_at),
+            lease_expires_at: Timestamp::from_millis(self.lease_expires_at),
+            completed_at: self.completed_at.map(Timestamp::from_millis),
+            expires_at: Timestamp::from_millis(self.expires_at),
+            attempts: count(self.attempts, "attempts")?,
+            replays: count(self.replays, "replays")?,
+        })
     }
 }

@@ -13,7 +13,9 @@ use std::cmp::Ordering;
 use std::future::Future;
 
 use crate::clock::Timestamp;
+use crate::key::Key;
 use crate::record::{Record, RecordState};
+use crate::scope::Scope;
 use crate::store::StoreError;
 
 /// The most records one listing returns, whatever the caller asks.
@@ -32,12 +34,65 @@ pub struct RecordFilter {
     pub limit: usize,
 }
 
+/// What a listing shows of one record: whose, which key, when it was claimed, what its state
+/// is read from, and its counts. Never its fingerprint, token or stored response: a response
+/// can be megabytes, and a page of [`MAX_LIST`] records must read what the page shows (each
+/// at most a 255-byte key and a 128-byte scope), not every body (four pages of 500 records of
+/// 1 MB took a gateway from 94 MB to 685 MB when listings read whole records). A record's
+/// full story is one [`Store::get`](crate::Store::get) away.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Listed {
+    /// Whose key.
+    pub scope: Scope,
+    /// The key.
+    pub key: Key,
+    /// When the key was first claimed.
+    pub created_at: Timestamp,
+    /// When the current lease ends.
+    pub lease_expires_at: Timestamp,
+    /// When the result was stored.
+    pub completed_at: Option<Timestamp>,
+    /// When retention ends.
+    pub expires_at: Timestamp,
+    /// How many times an executor acquired the lease.
+    pub attempts: u32,
+    /// How many times the store answered a replay.
+    pub replays: u32,
+}
+
+impl Listed {
+    /// The record's state at `now`, as [`Record::state`] reads it.
+    pub fn state(&self, now: Timestamp) -> RecordState {
+        RecordState::of(self.completed_at, self.lease_expires_at, now)
+    }
+
+    /// Whether retention has ended at `now`.
+    pub fn is_expired(&self, now: Timestamp) -> bool {
+        self.expires_at <= now
+    }
+}
+
+impl From<&Record> for Listed {
+    fn from(r: &Record) -> Self {
+        Listed {
+            scope: r.scope.clone(),
+            key: r.key.clone(),
+            created_at: r.created_at,
+            lease_expires_at: r.lease_expires_at,
+            completed_at: r.completed_at,
+            expires_at: r.expires_at,
+            attempts: r.attempts,
+            replays: r.replays,
+        }
+    }
+}
+
 /// What a listing found.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Listing {
     /// The records, abandoned first, then in flight, then completed; newest first within a
     /// state.
-    pub records: Vec<Record>,
+    pub records: Vec<Listed>,
     /// More records may match than were returned: the limit cut the list, or the backend
     /// stopped its bounded scan (Redis) before seeing every record.
     pub more: bool,
@@ -63,7 +118,7 @@ impl RecordFilter {
 
     /// Whether `r` belongs in the listing at `now`; an expired record never does (it is
     /// absent to every reader).
-    pub fn matches(&self, r: &Record, now: Timestamp) -> bool {
+    pub fn matches(&self, r: &Listed, now: Timestamp) -> bool {
         !r.is_expired(now)
             && r.key.as_str().starts_with(&self.key_prefix)
             && r.scope.as_str().starts_with(&self.scope_prefix)
@@ -72,8 +127,8 @@ impl RecordFilter {
 
     /// Filters `candidates`, orders them and cuts them to the limit. `more_beyond` says the
     /// backend already knows it did not look at every record.
-    pub fn finish(&self, candidates: Vec<Record>, now: Timestamp, more_beyond: bool) -> Listing {
-        let mut records: Vec<Record> = candidates
+    pub fn finish(&self, candidates: Vec<Listed>, now: Timestamp, more_beyond: bool) -> Listing {
+        let mut records: Vec<Listed> = candidates
             .into_iter()
             .filter(|r| self.matches(r, now))
             .collect();
@@ -91,7 +146,7 @@ impl RecordFilter {
 
 /// Abandoned first, then in flight, then completed; newest claim first within a state; then
 /// by scope and key (bytewise), so the order is total and the same in every backend.
-pub fn listing_order(a: &Record, b: &Record, now: Timestamp) -> Ordering {
+pub fn listing_order(a: &Listed, b: &Listed, now: Timestamp) -> Ordering {
     state_rank(a.state(now))
         .cmp(&state_rank(b.state(now)))
         .then_with(|| b.created_at.cmp(&a.created_at))

@@ -22,7 +22,7 @@ use std::future::Future;
 use std::time::Duration;
 
 pub use error::{BoxError, Stale, StoreError};
-pub use list::{ListRecords, Listing, RecordFilter};
+pub use list::{ListRecords, Listed, Listing, RecordFilter};
 pub use metered::MeteredStore;
 
 use crate::clock::Timestamp;
