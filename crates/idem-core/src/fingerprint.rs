@@ -42,6 +42,14 @@ impl Fingerprint {
     /// bodies that differ only in a way canonical JSON would erase (`{"id":2^60+1}` and
     /// `{"id":2^60+2}`, or a duplicate member one parser reads first and another last) must
     /// not fingerprint alike, or one would be replayed the other's result.
+    ///
+    /// The media type is part of the request: the same bytes as
+    /// `application/json-patch+json` and as `application/merge-patch+json` ask for different
+    /// things, as do a form and `text/plain`. Its essence (`type/subtype` in lower case,
+    /// parameters dropped) is a part of its own, except for `application/json` and a request
+    /// without a content type, which add none: their fingerprints are the ones earlier
+    /// versions stored, so a retry across an upgrade still replays
+    /// ([design §1](docs/design.md#1-words)).
     pub fn http(
         method: &str,
         path_and_query: &str,
@@ -51,15 +59,17 @@ impl Fingerprint {
         let canonical = content_type
             .filter(|ct| is_json_media_type(ct))
             .and_then(|_| canonical_json_bytes(body));
-        match canonical {
-            Some(c) => Self::of_parts(
-                BodyForm::CanonicalJson,
-                &[method.as_bytes(), path_and_query.as_bytes(), &c],
-            ),
-            None => Self::of_parts(
-                BodyForm::Raw,
-                &[method.as_bytes(), path_and_query.as_bytes(), body],
-            ),
+        let essence = content_type
+            .map(media_essence)
+            .filter(|e| e != "application/json");
+        let (form, body) = match &canonical {
+            Some(c) => (BodyForm::CanonicalJson, c.as_slice()),
+            None => (BodyForm::Raw, body),
+        };
+        let head = [method.as_bytes(), path_and_query.as_bytes(), body];
+        match &essence {
+            Some(e) => Self::of_parts(form, &[head[0], head[1], head[2], e.as_bytes()]),
+            None => Self::of_parts(form, &head),
         }
     }
 
@@ -191,14 +201,20 @@ fn unsafe_numbers(v: &serde_json::Value, out: &mut Vec<String>) {
 
 /// `application/json`, `application/x+json`, with or without parameters, in any case.
 pub fn is_json_media_type(content_type: &str) -> bool {
-    let essence = content_type
+    let essence = media_essence(content_type);
+    essence == "application/json"
+        || (essence.starts_with("application/") && essence.ends_with("+json"))
+}
+
+/// A media type's essence: `type/subtype` in lower case, without parameters or spaces
+/// (`Application/JSON; charset=utf-8` is `application/json`).
+pub fn media_essence(content_type: &str) -> String {
+    content_type
         .split(';')
         .next()
         .unwrap_or("")
         .trim()
-        .to_ascii_lowercase();
-    essence == "application/json"
-        || (essence.starts_with("application/") && essence.ends_with("+json"))
+        .to_ascii_lowercase()
 }
 
 impl fmt::Display for Fingerprint {
@@ -426,6 +442,35 @@ mod tests {
         assert_eq!(
             call.to_string(),
             "403f35adce3e26c9e109eec5787762af5ad7307118756454f26feb21212f8491"
+        );
+    }
+
+    /// The same bytes under another media type are another request; `application/json` and no
+    /// content type keep the fingerprints earlier versions stored.
+    #[test]
+    fn the_media_type_is_part_of_the_request() {
+        let body = br#"[{"op":"replace","path":"/amount","value":1}]"#;
+        let fp = |ct: Option<&str>, body: &[u8]| {
+            Fingerprint::http("PATCH", "/v1/charges/ch_1", ct, body)
+        };
+        let patch = fp(Some("application/json-patch+json"), body);
+        assert_ne!(patch, fp(Some("application/merge-patch+json"), body));
+        assert_ne!(patch, fp(Some("application/json"), body));
+        assert_eq!(
+            patch,
+            fp(Some("Application/JSON-Patch+JSON; charset=utf-8"), body)
+        );
+        let form = fp(Some("application/x-www-form-urlencoded"), b"amount=1");
+        assert_ne!(form, fp(Some("text/plain"), b"amount=1"));
+        assert_ne!(form, fp(None, b"amount=1"));
+        assert_eq!(
+            fp(Some("application/json; charset=utf-8"), body),
+            fp(Some("application/json"), body)
+        );
+        // Without a content type, a body hashes as it did before the media type counted.
+        assert_eq!(
+            Fingerprint::http("POST", "/v1/charges?x=1", None, b"not json").to_string(),
+            "50b0a4f833f575d36a1700df75673e021244ab27e5a9614ff1913e894c23bcbc"
         );
     }
 

@@ -200,6 +200,58 @@ async fn reordered_json_replays_and_a_changed_value_is_refused() {
     assert_eq!(count.get(), 1);
 }
 
+/// The same bytes under another media type are another request: 422, never the first one's
+/// replay ([design §1](docs/design.md#1-words)).
+#[tokio::test]
+async fn another_media_type_with_the_same_bytes_is_refused() {
+    let (app, count) = app(MemoryStore::new(), RoutePolicy::requiring_key());
+    let patch = r#"[{"op":"replace","path":"/amount_cents","value":100}]"#;
+    let as_type = |ct: &str| {
+        Request::post("/v1/charges")
+            .header("content-type", ct)
+            .header("idempotency-key", "k-media")
+    };
+    let first = send(&app, as_type("application/json-patch+json"), patch).await;
+    assert!(!first.replayed());
+    let r = send(&app, as_type("application/merge-patch+json"), patch).await;
+    assert_eq!(
+        r.problem_type(),
+        "urn:idem:problem:key-reused",
+        "{}",
+        r.body
+    );
+    let r = send(
+        &app,
+        as_type("Application/JSON-Patch+JSON; charset=utf-8"),
+        patch,
+    )
+    .await;
+    assert!(
+        r.replayed(),
+        "the same media type in another spelling: {}",
+        r.body
+    );
+    let form = |ct: &str| {
+        Request::post("/v1/charges")
+            .header("content-type", ct)
+            .header("idempotency-key", "k-form")
+    };
+    send(
+        &app,
+        form("application/x-www-form-urlencoded"),
+        "amount_cents=100",
+    )
+    .await;
+    let r = send(&app, form("text/plain"), "amount_cents=100").await;
+    assert_eq!(
+        r.problem_type(),
+        "urn:idem:problem:key-reused",
+        "{}",
+        r.body
+    );
+    assert_eq!(count.get(), 2);
+}
+
 #[tokio::test]
 async fn keys_are_required_where_configured_and_honoured_elsewhere() {
     let (app, count) = app(MemoryStore::new(), RoutePolicy::requiring_key());
