@@ -203,8 +203,10 @@ class NotificationsAndServerRequests(unittest.IsolatedAsyncioTestCase):
             if type(msg).__name__ == "ToolListChangedNotification" or "list_changed" in repr(msg):
                 seen["list_changed"].append(True)
 
+        # auth: the caller's bearer token, which names it to idem mcp (a caller naming no one
+        # is refused effect calls).
         client = Client(url, elicitation_handler=elicit, log_handler=log, progress_handler=progress,
-                        message_handler=on_message, mode="legacy")
+                        message_handler=on_message, mode="legacy", auth="agent-h")
         async with client:
             result = await client.call_tool("pay", {"amount_cents": 700}, meta={"idempotency_key": "pay-h"})
         await self.check(seen, result, d)

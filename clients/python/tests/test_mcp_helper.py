@@ -167,9 +167,15 @@ class RuntimeKeysThroughTheProxy(unittest.IsolatedAsyncioTestCase):
         self.addCleanup(flaky.close)
         flaky.drops = 1
 
+        import httpx2
+
         @asynccontextmanager
         async def connect():
-            async with streamable_http_client(f"http://127.0.0.1:{flaky.port}/mcp") as (read, write, *_):
+            # The caller names itself, as idem mcp requires of effect calls over HTTP.
+            caller = httpx2.AsyncClient(headers={"Authorization": "Bearer agent-34"})
+            async with caller, streamable_http_client(
+                f"http://127.0.0.1:{flaky.port}/mcp", http_client=caller
+            ) as (read, write, *_):
                 async with ClientSession(read, write) as s:
                     await s.initialize()
                     yield s

@@ -357,6 +357,15 @@ pub(crate) struct McpArgs {
     /// proxy-authorization, cookie, x-api-key, api-key, x-auth-token).
     #[arg(long, value_name = "NAME", requires = "listen")]
     pub(crate) scope_header: Vec<String>,
+    /// Over HTTP: a cookie naming the caller, where Cookie is a scope header (repeatable;
+    /// default the policy file's scope_cookies, else the whole Cookie header counts).
+    #[arg(long, value_name = "NAME", requires = "listen")]
+    pub(crate) scope_cookie: Vec<String>,
+    /// Over HTTP: what an effect call from a caller sending none of the scope headers gets:
+    /// refused with principal-missing (the default, the policy file's anonymous else), or,
+    /// with allow, accepted in one scope every such caller shares.
+    #[arg(long, value_name = "refuse|allow", value_parser = anonymous, requires = "listen")]
+    pub(crate) anonymous: Option<idem_core::Anonymous>,
     /// Over HTTP: a Host the server answers to besides loopback (repeatable).
     #[arg(long, value_name = "HOST", requires = "listen")]
     pub(crate) allowed_host: Vec<String>,
@@ -375,6 +384,14 @@ pub(crate) struct McpArgs {
     /// The upstream MCP server to spawn, and its arguments (after --).
     #[arg(last = true, value_name = "COMMAND")]
     pub(crate) command: Vec<std::ffi::OsString>,
+}
+
+fn anonymous(s: &str) -> Result<idem_core::Anonymous, String> {
+    match s {
+        "refuse" => Ok(idem_core::Anonymous::Refuse),
+        "allow" => Ok(idem_core::Anonymous::Allow),
+        other => Err(format!("{other:?} is neither refuse nor allow")),
+    }
 }
 
 #[derive(Debug, Args)]

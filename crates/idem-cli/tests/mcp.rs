@@ -349,6 +349,62 @@ async fn http_callers_are_named_by_the_gateways_default_scope_headers() {
     }
 }
 
+/// A caller that sends none of the scope headers names no one: its effect calls are refused
+/// (`principal-missing`, nothing charged) as `idem serve` refuses such keyed requests, unless
+/// `--anonymous allow` puts every such caller in one shared scope. `--scope-cookie` names a
+/// caller by its session cookie alone, so the rest of its cookie jar may change between
+/// retries (two anonymous clients shared one scope before, and one got the other's charge
+/// replayed).
+#[tokio::test]
+async fn http_callers_naming_no_one_are_refused_unless_allowed() {
+    let d = dir();
+    let charge = json!({"customer": "cus_a", "amount_cents": 100, "idempotency_key": "x-1"});
+    let (_upstream, proxy, _) = behind_http_proxy(&d, &[]);
+    let nobody = http_client_as(&proxy.1, "x-request-id", "r-1").await;
+    let refused = call(&nobody, "charge_card", charge.clone()).await;
+    assert_eq!(problem(&refused).as_deref(), Some("principal-missing"));
+    assert_eq!(charges(&d.db), 0);
+    let balance = call(&nobody, "get_balance", json!({"customer": "cus_a"})).await;
+    assert_ne!(balance.is_error, Some(true), "a read passes: {balance:?}");
+    let _ = nobody.cancel().await;
+
+    let (_upstream, proxy, _) = behind_http_proxy(&d, &["--scope-cookie", "session"]);
+    let carol = http_client_as(&proxy.1, "cookie", "session=carol; theme=dark").await;
+    assert_eq!(
+        idem_meta(&call(&carol, "charge_card", charge.clone()).await),
+        Value::Null
+    );
+    let carol_again = http_client_as(&proxy.1, "cookie", "theme=light; session=carol").await;
+    let replay = call(&carol_again, "charge_card", charge.clone()).await;
+    assert_eq!(idem_meta(&replay)["replayed"], true, "{replay:?}");
+    let crumbs = http_client_as(&proxy.1, "cookie", "theme=dark").await;
+    let refused = call(&crumbs, "charge_card", charge.clone()).await;
+    assert_eq!(problem(&refused).as_deref(), Some("principal-missing"));
+    assert_eq!(charges(&d.db), 1);
+    for c in [carol, carol_again, crumbs] {
+        let _ = c.cancel().await;
+    }
+
+    let (_upstream, proxy, _) = behind_http_proxy(&d, &["--anonymous", "allow"]);
+    let anon = http_client_as(&proxy.1, "x-request-id", "r-2").await;
+    let other = json!({"customer": "cus_b", "amount_cents": 100, "idempotency_key": "x-2"});
+    assert_eq!(
+        idem_meta(&call(&anon, "charge_card", other.clone()).await),
+        Value::Null
+    );
+    let anon_too = http_client_as(&proxy.1, "x-request-id", "r-3").await;
+    let shared = call(&anon_too, "charge_card", other).await;
+    assert_eq!(
+        idem_meta(&shared)["replayed"],
+        true,
+        "allowed anonymous callers share a scope"
+    );
+    assert_eq!(charges(&d.db), 2);
+    for c in [anon, anon_too] {
+        let _ = c.cancel().await;
+    }
+}
+
 /// `idem mcp` over stdio on `d`'s store in front of `upstream` (a program and its
 /// arguments), driven line by line, as a client that may leave or stop it at any moment.
 struct RawStdio {
@@ -829,7 +885,12 @@ async fn an_upstream_restart_loses_the_session_and_never_resends_a_call_in_fligh
     let alice = http_client(&proxy.1, "alice").await;
     // A client that does not start a new session by itself shows what the proxy answers.
     let strict = {
+        let headers = HashMap::from([(
+            http::header::AUTHORIZATION,
+            http::HeaderValue::from_static("Bearer strict"),
+        )]);
         let config = StreamableHttpClientTransportConfig::with_uri(proxy.1.as_str())
+            .custom_headers(headers)
             .reinit_on_expired_session(false);
         ().serve(StreamableHttpClientTransport::from_config(config))
             .await

@@ -11,8 +11,9 @@
 //! their stream (progress, elicitation) to the client while it waits for the result.
 //!
 //! A caller's scope is the hash of its configured headers (by default the gateway's:
-//! credentials, `Cookie`, API-key headers), as the gateway computes it, so two tenants' keys
-//! never meet.
+//! credentials, `Cookie`, API-key headers) and cookies, as the gateway computes it, so two
+//! tenants' keys never meet; an effect call from a caller that sends none of them is refused
+//! (`principal-missing`) unless anonymous callers are allowed ([`Callers`]).
 //!
 //! The upstream may be `https://`: rustls with the system's roots, plus a CA file
 //! ([`Upstream::ca_file`]). When the upstream has lost a session (it answers 404 to the
@@ -36,7 +37,7 @@ use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
 use futures_util::TryStreamExt;
 use http::{HeaderMap, HeaderName, HeaderValue, Method, StatusCode, header};
-use idem_core::{Scope, ScopeHeaders, Store, ToolClass};
+use idem_core::{Anonymous, Outcome, ProblemType, Scope, ScopeHeaders, Store, ToolClass};
 use rmcp::ServerHandler;
 use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
 use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, StreamableHttpService};
@@ -48,7 +49,7 @@ use tokio::sync::mpsc;
 use tokio_util::io::StreamReader;
 use tokio_util::sync::CancellationToken;
 
-use crate::call::Forwarded;
+use crate::call::{Forwarded, refusal};
 use crate::inbound::{self, BATCH_VERSION, Inbound, Interpreted};
 use crate::policy::Policies;
 use crate::proxy::Proxy;
@@ -177,25 +178,44 @@ pub fn chain(e: &(dyn std::error::Error + 'static)) -> String {
     out
 }
 
+/// Whose keys an HTTP caller's are ([design §1](docs/design.md#1-words), as `idem serve`
+/// reads them): the hash of its scope headers; a caller naming no one is refused unless
+/// anonymous callers are allowed, and then shares the one `anonymous` scope.
+#[derive(Debug, Clone)]
+pub struct Callers {
+    /// The headers (and cookies) that name a caller.
+    pub scope_headers: ScopeHeaders,
+    /// What an effect call from a caller naming no one gets.
+    pub anonymous: Anonymous,
+}
+
+impl Default for Callers {
+    fn default() -> Self {
+        Callers {
+            scope_headers: ScopeHeaders::default(),
+            anonymous: Anonymous::Refuse,
+        }
+    }
+}
+
 struct Shared<S> {
     proxy: Proxy<S>,
     client: reqwest::Client,
     upstream: Upstream,
-    scope_headers: ScopeHeaders,
+    callers: Callers,
     hosts: Vec<String>,
     nonce: String,
     next: AtomicU64,
 }
 
-/// Serves the proxy in front of `upstream` until `shutdown` resolves. Callers are scoped by
-/// `scope_headers`, as `idem serve` scopes them; a caller they do not name is in the anonymous
-/// scope.
+/// Serves the proxy in front of `upstream` until `shutdown` resolves. Callers are scoped as
+/// `idem serve` scopes them ([`Callers`]).
 pub async fn serve<S: Store + Clone>(
     options: HttpOptions,
     upstream: Upstream,
     store: S,
     policies: Policies,
-    scope_headers: ScopeHeaders,
+    callers: Callers,
     on_bound: impl FnOnce(SocketAddr),
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<()> {
@@ -243,7 +263,7 @@ pub async fn serve<S: Store + Clone>(
         proxy: proxy.clone(),
         client,
         upstream,
-        scope_headers,
+        callers,
         hosts: options.hosts(),
         nonce: format!("{:x}", std::process::id()),
         next: AtomicU64::new(1),
@@ -689,6 +709,22 @@ fn rewrite_line<S: Store + Clone>(
     }
 }
 
+/// The tool result refusing an effect call from a caller that names no one: its key would be
+/// shared with every other such caller, and their results replayed to each other.
+fn principal_missing(tool: &str, names: &ScopeHeaders) -> Box<RawValue> {
+    refusal(
+        ProblemType::PrincipalMissing,
+        format!(
+            "{tool} was not run: it has side effects, and its idempotency key must belong to a \
+             caller, named by one of these request headers: {}. This request sends none, so \
+             its result could be replayed to any other caller that sends none. Calling it \
+             again will not help; the MCP client must send its credentials (an operator can \
+             accept callers without them: anonymous = \"allow\" in the policy file).",
+            names.describe()
+        ),
+    )
+}
+
 /// Headers for a request the proxy makes in the client's session: the client's, with the
 /// 2026-07-28 standard headers naming this request.
 fn own_headers(headers: &HeaderMap, method: &str) -> HeaderMap {
@@ -843,10 +879,23 @@ async fn tools_call<S: Store + Clone>(
     if known.class != ToolClass::Effect {
         return pass(&st, Method::POST, &headers, bytes.into()).await;
     }
-    let scope = st
-        .scope_headers
-        .principal(&headers)
-        .unwrap_or_else(Scope::anonymous);
+    let scope = match (
+        st.callers.scope_headers.principal(&headers),
+        st.callers.anonymous,
+    ) {
+        (Some(scope), _) => scope,
+        (None, Anonymous::Allow) => Scope::anonymous(),
+        (None, Anonymous::Refuse) => {
+            Outcome::Invalid.count();
+            let refusal = principal_missing(&name, &st.callers.scope_headers);
+            return (
+                StatusCode::OK,
+                [(header::CONTENT_TYPE, "application/json")],
+                rpc::response(&id, refusal.get()),
+            )
+                .into_response();
+        }
+    };
     let wants_sse = headers
         .get(header::ACCEPT)
         .and_then(|v| v.to_str().ok())

@@ -42,4 +42,4 @@ pub mod stdio;
 
 pub use call::{Forwarded, Guard};
 pub use policy::{KeySource, Policies, ToolPolicy};
-pub use proxy::{Proxy, ScopeBy};
+pub use proxy::Proxy;

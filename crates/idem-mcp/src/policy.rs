@@ -4,6 +4,8 @@
 //! ```toml
 //! scope = "mcp"              # the scope of stdio callers ([design §8](docs/design.md#8-mcp))
 //! scope_headers = ["authorization"]   # over HTTP: the headers naming the caller (default: idem serve's)
+//! scope_cookies = ["session"]          # over HTTP: only these cookies name the caller
+//! anonymous = "refuse"                 # over HTTP: an effect call naming no caller is refused; or "allow"
 //!
 //! [defaults]                 # every effect tool, unless its own table says otherwise
 //! key = "model"              # where keys come from: "model", "runtime" or "derived"
@@ -29,7 +31,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use anyhow::{Context, Result};
-use idem_core::{AbandonedPolicy, DEFAULT_RETENTION, Policy, ToolClass};
+use idem_core::{AbandonedPolicy, Anonymous, DEFAULT_RETENTION, Policy, ToolClass};
 use serde::Deserialize;
 use serde_json::Value;
 
@@ -44,6 +46,11 @@ pub struct PolicyFile {
     pub scope: Option<String>,
     /// Headers naming an HTTP caller (default: `idem serve`'s, `ScopeHeaders::default`).
     pub scope_headers: Option<Vec<String>>,
+    /// Over HTTP: the cookies that name a caller, where the `Cookie` header is a scope header
+    /// (default: the whole header).
+    pub scope_cookies: Option<Vec<String>>,
+    /// Over HTTP: what an effect call from a caller naming no one gets (default: refused).
+    pub anonymous: Option<Anonymous>,
     /// Settings of every effect tool.
     #[serde(default)]
     pub defaults: ToolFile,
@@ -181,6 +188,10 @@ pub struct Policies {
     pub scope: Option<String>,
     /// The HTTP scope headers from the file, if it set them.
     pub scope_headers: Option<Vec<String>>,
+    /// The HTTP scope cookies from the file, if it set them.
+    pub scope_cookies: Option<Vec<String>>,
+    /// What an HTTP effect call naming no caller gets, if the file says.
+    pub anonymous: Option<Anonymous>,
 }
 
 impl Policies {
@@ -224,6 +235,8 @@ impl Policies {
             tools,
             scope: file.scope,
             scope_headers: file.scope_headers,
+            scope_cookies: file.scope_cookies,
+            anonymous: file.anonymous,
         })
     }
 

@@ -25,7 +25,6 @@ use std::future::Future;
 use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use http::HeaderName;
 use idem_core::{Fingerprint, Key, Outcome, ProblemType, Scope, Store, ToolClass};
 use serde_json::value::RawValue;
 use serde_json::{Map, Value};
@@ -43,17 +42,6 @@ pub const KNOWN_VERSIONS: &[&str] = &[
     "2025-11-25",
     "2026-07-28",
 ];
-
-/// Whose keys a call's are ([design §8](docs/design.md#8-mcp)).
-#[derive(Debug, Clone)]
-pub enum ScopeBy {
-    /// One configured scope: over stdio the principal is not a process, so a runtime that
-    /// restarts and reconnects through a new proxy with the same key still gets its replay.
-    Fixed(Scope),
-    /// Over HTTP: a hash of these request headers, as the gateway computes it (anonymous when
-    /// none is present).
-    Headers(Vec<HeaderName>),
-}
 
 /// What the proxy knows of one upstream tool.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -7,7 +7,7 @@ use http::{HeaderName, HeaderValue};
 use idem_core::{Scope, ScopeHeaders};
 use idem_demo::mcp_server::ExampleServer;
 use idem_mcp::Policies;
-use idem_mcp::http::{HttpOptions, Upstream};
+use idem_mcp::http::{Callers, HttpOptions, Upstream};
 use idem_mcp::policy::DEFAULT_SCOPE;
 
 use crate::cli::{ExampleMcpArgs, McpArgs};
@@ -65,7 +65,7 @@ pub(crate) async fn run(args: McpArgs) -> Result<()> {
         };
         let scope_headers = match names {
             None => ScopeHeaders::default(),
-            Some(names) => ScopeHeaders::new(
+            Some(names) => ScopeHeaders::checked(
                 names
                     .iter()
                     .map(|n| {
@@ -73,7 +73,19 @@ pub(crate) async fn run(args: McpArgs) -> Result<()> {
                             .with_context(|| format!("{n:?} is not a header name"))
                     })
                     .collect::<Result<Vec<_>>>()?,
-            ),
+            )
+            .context("scope headers")?,
+        };
+        let cookies = if args.scope_cookie.is_empty() {
+            policies.scope_cookies.clone().unwrap_or_default()
+        } else {
+            args.scope_cookie.clone()
+        };
+        let callers = Callers {
+            scope_headers: scope_headers
+                .with_cookies(cookies)
+                .context("scope cookies")?,
+            anonymous: args.anonymous.or(policies.anonymous).unwrap_or_default(),
         };
         let options = HttpOptions {
             listen,
@@ -97,7 +109,7 @@ pub(crate) async fn run(args: McpArgs) -> Result<()> {
             },
             store,
             policies,
-            scope_headers,
+            callers,
             announce,
             shutdown_signal(),
         )
