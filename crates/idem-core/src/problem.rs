@@ -36,8 +36,15 @@ pub enum ProblemType {
     StoreUnavailable,
     /// The response broke off or was too large to buffer: the effect may have happened.
     ResponseFailed,
-    /// The service behind idem could not be reached; nothing was sent.
+    /// The service behind idem could not be reached; nothing was sent (`idem mcp`).
     UpstreamUnavailable,
+    /// The gateway could not connect to its upstream (or its TLS certificate did not
+    /// verify); nothing was sent.
+    UpstreamUnreachable,
+    /// The gateway's connection to its upstream failed after the request was sent.
+    UpstreamFailed,
+    /// The gateway's upstream did not answer in time.
+    UpstreamTimeout,
     /// The request is spelled so that the service behind idem could read it differently from
     /// the route policy (a method in lower case, a dot segment or a backslash in the path), or
     /// it names no path to forward; it was not forwarded.
@@ -63,9 +70,41 @@ impl ProblemType {
             ProblemType::StoreUnavailable => "store-unavailable",
             ProblemType::ResponseFailed => "response-failed",
             ProblemType::UpstreamUnavailable => "upstream-unavailable",
+            ProblemType::UpstreamUnreachable => "upstream-unreachable",
+            ProblemType::UpstreamFailed => "upstream-failed",
+            ProblemType::UpstreamTimeout => "upstream-timeout",
             ProblemType::RequestInvalid => "request-invalid",
             ProblemType::MethodNotAllowed => "method-not-allowed",
         }
+    }
+}
+
+impl ProblemType {
+    /// Every problem type, for tables and configuration checks.
+    pub const ALL: [ProblemType; 18] = [
+        ProblemType::KeyMissing,
+        ProblemType::KeyInvalid,
+        ProblemType::PrincipalMissing,
+        ProblemType::BodyTooLarge,
+        ProblemType::BodyUnreadable,
+        ProblemType::BodyTimeout,
+        ProblemType::KeyReused,
+        ProblemType::InFlight,
+        ProblemType::OutcomeUnknown,
+        ProblemType::ResponseTooLarge,
+        ProblemType::StoreUnavailable,
+        ProblemType::ResponseFailed,
+        ProblemType::UpstreamUnavailable,
+        ProblemType::UpstreamUnreachable,
+        ProblemType::UpstreamFailed,
+        ProblemType::UpstreamTimeout,
+        ProblemType::RequestInvalid,
+        ProblemType::MethodNotAllowed,
+    ];
+
+    /// The problem type named `name` (`key-reused`), if there is one.
+    pub fn from_name(name: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|p| p.name() == name)
     }
 }
 

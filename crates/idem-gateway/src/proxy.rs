@@ -14,13 +14,13 @@ use anyhow::{Context as _, bail};
 
 use bytes::Bytes;
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
-use http::{Method, Request, Response, StatusCode, Uri};
+use http::{Method, Request, Response, Uri};
 use http_body_util::BodyExt;
 use hyper_rustls::{HttpsConnector, HttpsConnectorBuilder};
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::{Connect, HttpConnector};
 use hyper_util::rt::{TokioExecutor, TokioTimer};
-use idem_http::{Body, Executed, Problem};
+use idem_http::{Body, Executed, Problem, ProblemFormat};
 use rustls::pki_types::CertificateDer;
 use rustls::pki_types::pem::PemObject;
 use tower::Service;
@@ -45,7 +45,8 @@ pub struct Proxy<C = UpstreamConnector> {
     body_read: Duration,
     /// Whether `[upstream] ca_file` (or `--upstream-ca`) was given.
     has_ca_file: bool,
-    problem_base: String,
+    /// How the gateway's own refusals are written: as the layer writes its own.
+    problems: ProblemFormat,
 }
 
 /// Hop-by-hop headers (RFC 9110 §7.6.1), never forwarded in either direction.
@@ -213,7 +214,7 @@ impl<C: Connect + Clone + Send + Sync + 'static> Proxy<C> {
             timeout,
             body_read: settings.body_read_timeout,
             has_ca_file: settings.upstream_ca_file.is_some(),
-            problem_base: settings.layer.problem_base.clone(),
+            problems: settings.layer.problems.clone(),
         }
     }
 
@@ -256,38 +257,17 @@ impl<C: Connect + Clone + Send + Sync + 'static> Proxy<C> {
     /// The gateway's own refusal of a request it will not forward: nothing was sent, so a key
     /// the layer claimed for it is released.
     fn refuse(&self, problem: &Problem) -> Response<Body> {
-        let mut resp = problem.to_response(&self.problem_base).map(|bytes| {
+        self.failure(problem, Executed::NotSent)
+    }
+
+    /// The gateway's own answer, in the layer's envelope, telling the layer whether anything
+    /// was sent.
+    fn failure(&self, problem: &Problem, executed: Executed) -> Response<Body> {
+        let mut resp = problem.render(&self.problems).map(|bytes| {
             http_body_util::Full::new(bytes)
                 .map_err(|never| match never {})
                 .boxed_unsync()
         });
-        resp.extensions_mut().insert(Executed::NotSent);
-        resp
-    }
-
-    fn failure(
-        &self,
-        status: StatusCode,
-        name: &str,
-        detail: &str,
-        executed: Executed,
-    ) -> Response<Body> {
-        let doc = serde_json::json!({
-            "type": format!("{}{name}", self.problem_base),
-            "title": failure_title(name),
-            "status": status.as_u16(),
-            "detail": detail,
-        });
-        let mut resp = Response::new(
-            http_body_util::Full::new(Bytes::from(doc.to_string()))
-                .map_err(|never| match never {})
-                .boxed_unsync(),
-        );
-        *resp.status_mut() = status;
-        resp.headers_mut().insert(
-            header::CONTENT_TYPE,
-            HeaderValue::from_static("application/problem+json"),
-        );
         resp.extensions_mut().insert(executed);
         resp
     }
@@ -301,9 +281,7 @@ impl<C: Connect + Clone + Send + Sync + 'static> Proxy<C> {
             Err(Unforwardable::Refused(problem)) => return self.refuse(&problem),
             Err(Unforwardable::Unbuildable(e)) => {
                 return self.failure(
-                    StatusCode::BAD_GATEWAY,
-                    "upstream-unreachable",
-                    &format!("cannot build the upstream URL: {e}"),
+                    &Problem::UpstreamUnreachable(format!("cannot build the upstream URL: {e}")),
                     Executed::NotSent,
                 );
             }
@@ -374,42 +352,25 @@ impl<C: Connect + Clone + Send + Sync + 'static> Proxy<C> {
                 let tls = tls_error(&e).map(ToString::to_string).unwrap_or_default();
                 let hint = tls_error(&e).map_or("", |tls| tls_hint(tls, self.has_ca_file));
                 self.failure(
-                    StatusCode::BAD_GATEWAY,
-                    "upstream-unreachable",
-                    &format!("TLS with the upstream at {} failed: {tls}{hint}; nothing was sent, so a retry is safe", self.upstream_authority()),
+                    &Problem::UpstreamUnreachable(format!("TLS with the upstream at {} failed: {tls}{hint}; nothing was sent, so a retry is safe", self.upstream_authority())),
                     Executed::NotSent,
                 )
             }
             // Nothing reached the upstream: a retry is safe, so the key is released.
             Ok(Err(e)) if e.is_connect() => self.failure(
-                StatusCode::BAD_GATEWAY,
-                "upstream-unreachable",
-                &format!("could not connect to the upstream at {}: {}; nothing was sent, so a retry is safe", self.upstream_authority(), cause(&e)),
+                &Problem::UpstreamUnreachable(format!("could not connect to the upstream at {}: {}; nothing was sent, so a retry is safe", self.upstream_authority(), cause(&e))),
                 Executed::NotSent,
             ),
             // Sent, then the connection failed: the upstream may have acted.
             Ok(Err(e)) => self.failure(
-                StatusCode::BAD_GATEWAY,
-                "upstream-failed",
-                &format!("the connection to the upstream at {} failed after the request was sent ({}); whether it acted is unknown", self.upstream_authority(), cause(&e)),
+                &Problem::UpstreamFailed(format!("the connection to the upstream at {} failed after the request was sent ({}); whether it acted is unknown", self.upstream_authority(), cause(&e))),
                 Executed::Unknown,
             ),
             Err(_) => self.failure(
-                StatusCode::GATEWAY_TIMEOUT,
-                "upstream-timeout",
-                &format!("the upstream at {} did not answer within {:?}; whether it acted is unknown", self.upstream_authority(), self.timeout),
+                &Problem::UpstreamTimeout(format!("the upstream at {} did not answer within {:?}; whether it acted is unknown", self.upstream_authority(), self.timeout)),
                 Executed::Unknown,
             ),
         }
-    }
-}
-
-/// The fixed title of each of the gateway's upstream problems.
-fn failure_title(name: &str) -> &'static str {
-    match name {
-        "upstream-timeout" => "Upstream did not answer in time",
-        "upstream-failed" => "Upstream connection failed after the request was sent",
-        _ => "Upstream unreachable",
     }
 }
 
@@ -601,19 +562,32 @@ mod tests {
     }
 
     #[test]
-    fn each_upstream_problem_has_its_own_title() {
-        let titles = [
-            failure_title("upstream-unreachable"),
-            failure_title("upstream-failed"),
-            failure_title("upstream-timeout"),
-        ];
-        assert_eq!(titles[0], "Upstream unreachable");
-        assert!(
-            titles[1].contains("after the request was sent"),
-            "{}",
-            titles[1]
+    fn each_upstream_problem_has_its_own_title_and_status() {
+        let title = |p: Problem| {
+            let resp = p.to_response("urn:idem:problem:");
+            let doc: serde_json::Value = serde_json::from_slice(resp.body()).expect("json");
+            (
+                resp.status().as_u16(),
+                doc["type"].clone(),
+                doc["title"].clone(),
+            )
+        };
+        let (status, kind, unreachable) = title(Problem::UpstreamUnreachable("x".into()));
+        assert_eq!(
+            (status, kind.as_str()),
+            (502, Some("urn:idem:problem:upstream-unreachable"))
         );
-        assert!(titles[2].contains("in time"));
+        assert_eq!(unreachable, "Upstream unreachable");
+        let (status, _, failed) = title(Problem::UpstreamFailed("x".into()));
+        assert_eq!(status, 502);
+        assert!(
+            failed
+                .as_str()
+                .is_some_and(|t| t.contains("after the request was sent"))
+        );
+        let (status, _, late) = title(Problem::UpstreamTimeout("x".into()));
+        assert_eq!(status, 504);
+        assert!(late.as_str().is_some_and(|t| t.contains("in time")));
     }
 
     #[test]

@@ -6,7 +6,7 @@ use idem_core::engine::DEFAULT_CACHE_BYTES;
 use idem_core::{Anonymous, ScopeHeaders};
 
 use crate::policy::Routes;
-use crate::problem::DEFAULT_PROBLEM_BASE;
+use crate::problem::ProblemFormat;
 
 /// What the layer needs to know besides the store.
 #[derive(Debug, Clone)]
@@ -22,8 +22,9 @@ pub struct Config {
     /// `principal-missing` (the default), or accepted in the one shared `anonymous` scope,
     /// where `Set-Cookie` and the like are never stored ([design §4](docs/design.md#4-which-results-are-kept)).
     pub anonymous: Anonymous,
-    /// Base of problem type URIs.
-    pub problem_base: String,
+    /// How refusals are written: RFC 9457 documents with type URIs under a base (the
+    /// default, `urn:idem:problem:`), Stripe's error envelope, or a template.
+    pub problems: ProblemFormat,
     /// How often a waiting duplicate re-reads the store when the first request runs in
     /// another process (in this process it is woken instead).
     pub poll_interval: Duration,
@@ -47,7 +48,7 @@ impl Default for Config {
             routes: Routes::default(),
             scope: ScopeHeaders::default(),
             anonymous: Anonymous::Refuse,
-            problem_base: DEFAULT_PROBLEM_BASE.to_owned(),
+            problems: ProblemFormat::default(),
             poll_interval: Duration::from_millis(25),
             max_response_bytes: 64 * 1024 * 1024,
             body_read: None,

@@ -6,6 +6,7 @@ use idem_core::{Engine, Store};
 use tower_layer::Layer;
 
 use crate::config::Config;
+use crate::front::Front;
 use crate::service::{Idempotency, Shared};
 
 /// Makes unsafe requests that carry an `Idempotency-Key` execute at most once
@@ -47,7 +48,7 @@ impl<St: Store> IdempotencyLayer<St> {
                 engine: Engine::new(store)
                     .with_poll_interval(config.poll_interval)
                     .with_cache_bytes(config.cache_bytes),
-                config,
+                front: Front::new(config),
             }),
         }
     }
@@ -59,7 +60,7 @@ impl<St: Store> IdempotencyLayer<St> {
         IdempotencyLayer {
             shared: Arc::new(Shared {
                 engine: self.shared.engine.with_store(store),
-                config: self.shared.config.clone(),
+                front: self.shared.front.clone(),
             }),
         }
     }
@@ -71,7 +72,7 @@ impl<St: Store> IdempotencyLayer<St> {
 
     /// The configuration.
     pub fn config(&self) -> &Config {
-        &self.shared.config
+        self.shared.front.config()
     }
 }
 

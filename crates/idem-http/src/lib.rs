@@ -30,6 +30,8 @@
 
 pub mod capture;
 pub mod config;
+pub mod file;
+pub mod front;
 pub mod layer;
 pub mod policy;
 pub mod problem;
@@ -37,11 +39,13 @@ pub mod service;
 
 pub use capture::REPLAYED;
 pub use config::Config;
+pub use file::FileConfig;
+pub use front::{Admission, BodyError, Captured, Front, Keyed};
 pub use idem_core::engine::DEFAULT_CACHE_BYTES;
 pub use idem_core::{Anonymous, ScopeHeaders};
 pub use layer::IdempotencyLayer;
 pub use policy::{
-    PathPattern, PatternError, Route, RoutePolicy, Routes, Unmatched, screen, screen_path,
+    PathPattern, PatternError, Route, RouteId, RoutePolicy, Routes, Unmatched, screen, screen_path,
 };
-pub use problem::{DEFAULT_PROBLEM_BASE, Problem};
+pub use problem::{DEFAULT_PROBLEM_BASE, Problem, ProblemFormat, ProblemTemplate, TemplateError};
 pub use service::{Body, BoxError, Executed, Idempotency};

@@ -429,6 +429,10 @@ pub struct Route {
     pub policy: RoutePolicy,
 }
 
+/// A route of a [`Routes`] table, by its place in it; the one past the last is the defaults.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RouteId(usize);
+
 /// The routing table: first match wins, else the default.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Routes {
@@ -469,6 +473,11 @@ impl Routes {
     /// picks its policy (its unknown-outcome rule, its body bound), as it did before encoded
     /// separators were read.
     pub fn policy_for(&self, method: &Method, path: &str) -> &RoutePolicy {
+        self.policy(self.route_for(method, path))
+    }
+
+    /// The route whose policy applies to a request ([`Routes::policy_for`]).
+    pub fn route_for(&self, method: &Method, path: &str) -> RouteId {
         let normalised = normalize(path);
         let others = other_readings(path, &normalised);
         let readings =
@@ -476,11 +485,11 @@ impl Routes {
         let (mut keyed, mut first) = (None, usize::MAX);
         for found in readings.map(|reading| self.first_match(method, reading)) {
             first = first.min(found);
-            if self.policy_at(found).require_key {
+            if self.policy(RouteId(found)).require_key {
                 keyed = Some(keyed.map_or(found, |k: usize| k.min(found)));
             }
         }
-        self.policy_at(keyed.unwrap_or(first))
+        RouteId(keyed.unwrap_or(first))
     }
 
     /// The index of the first route matching `method` and the normalised `path`; the number
@@ -492,9 +501,11 @@ impl Routes {
             .unwrap_or(self.routes.len())
     }
 
-    /// The policy of the route at `index`, or the defaults past the last route.
-    fn policy_at(&self, index: usize) -> &RoutePolicy {
-        self.routes.get(index).map_or(&self.default, |r| &r.policy)
+    /// The policy of a route, or the defaults for the route past the last.
+    pub fn policy(&self, route: RouteId) -> &RoutePolicy {
+        self.routes
+            .get(route.0)
+            .map_or(&self.default, |r| &r.policy)
     }
 
     /// The routes, in order.

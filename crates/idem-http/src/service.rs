@@ -1,33 +1,28 @@
-//! [`Idempotency`]: the service the layer wraps around a handler or a proxy.
+//! [`Idempotency`]: the service the layer wraps around a handler or a proxy: the tower
+//! adapter of the HTTP core ([`Front`]), which decides; this module buffers bodies, runs the
+//! engine and moves tower's requests and responses in and out.
 
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
-use std::time::Duration;
 
 use bytes::Bytes;
-use http::{HeaderMap, Method, Request, Response};
+use http::{Request, Response};
 use http_body_util::{BodyExt, Full, Limited, combinators::UnsyncBoxBody};
-use idem_core::{
-    Anonymous, Answer, Effect, Engine, Fingerprint, Key, Outcome, Scope, Store, StoredBody,
-};
+use idem_core::{Answer, Effect, Engine, Store};
 use tower_service::Service;
 use tracing::Instrument;
 
-use crate::capture::{
-    append_headers, content_type, from_stored, is_per_caller, mark_replayed, to_stored,
-    withhold_per_caller,
-};
-use crate::config::Config;
+use crate::front::{Admission, BodyError, Front, Keyed};
 use crate::problem::Problem;
 
 /// What every [`Idempotency`] service built by one layer shares.
 #[derive(Debug)]
 pub(crate) struct Shared<St> {
     pub(crate) engine: Engine<St>,
-    pub(crate) config: Config,
+    pub(crate) front: Front,
 }
 
 /// The boxed error of bodies passed through the layer.
@@ -93,39 +88,6 @@ fn respond(resp: Response<Bytes>) -> Response<Body> {
     resp.map(full)
 }
 
-/// Methods that never need a key ([design §3](docs/design.md#3-what-a-request-with-a-key-gets);
-/// TRACE is safe too, RFC 9110 §9.2.1).
-fn is_safe(method: &Method) -> bool {
-    matches!(
-        *method,
-        Method::GET | Method::HEAD | Method::OPTIONS | Method::TRACE
-    )
-}
-
-/// The request header that carries the key (a `HeaderName`, so no lookup parses it again).
-const IDEMPOTENCY_KEY: http::HeaderName = http::HeaderName::from_static("idempotency-key");
-
-/// The key, if one was sent; `Err` when it is malformed or sent more than once.
-fn key_from(headers: &HeaderMap) -> Result<Option<Key>, String> {
-    let mut values = headers.get_all(&IDEMPOTENCY_KEY).iter();
-    let Some(first) = values.next() else {
-        return Ok(None);
-    };
-    if values.next().is_some() {
-        return Err("The Idempotency-Key header was sent more than once".into());
-    }
-    Key::from_header(first.as_bytes())
-        .map(Some)
-        .map_err(|e| capitalise(&e.to_string()))
-}
-
-fn capitalise(s: &str) -> String {
-    let mut c = s.chars();
-    c.next()
-        .map(|f| f.to_uppercase().chain(c).collect())
-        .unwrap_or_default()
-}
-
 impl<S, St, ReqBody, ResBody> Service<Request<ReqBody>> for Idempotency<S, St>
 where
     S: Service<Request<Body>, Response = Response<ResBody>> + Clone + Send + 'static,
@@ -155,22 +117,9 @@ where
 }
 
 impl<St: Store> Shared<St> {
-    fn problem(&self, p: &Problem) -> Response<Body> {
-        respond(p.to_response(&self.config.problem_base))
-    }
-
-    /// The caller's scope, or the refusal of a request that names none when anonymous
-    /// callers are refused ([design §1](docs/design.md#1-words)).
-    fn scope_of(&self, headers: &HeaderMap) -> Result<Scope, Problem> {
-        match (self.config.scope.principal(headers), self.config.anonymous) {
-            (Some(scope), _) => Ok(scope),
-            (None, Anonymous::Allow) => Ok(Scope::anonymous()),
-            (None, Anonymous::Refuse) => {
-                Err(Problem::PrincipalMissing(self.config.scope.describe()))
-            }
-        }
-    }
-
+    /// One request through the core ([`Front`]): admitted, its body buffered and
+    /// fingerprinted, the inner service run by the engine at most once per key, and the
+    /// engine's answer mapped back to HTTP.
     async fn handle<S, F, E, ReqBody, ResBody>(
         self: Arc<Self>,
         mut inner: S,
@@ -185,86 +134,29 @@ impl<St: Store> Shared<St> {
         ResBody: http_body::Body<Data = Bytes> + Send + 'static,
         ResBody::Error: Into<BoxError>,
     {
-        let passthrough = |inner: &mut S, req: Request<ReqBody>| {
-            let fut = inner.call(req.map(boxed));
-            async move { fut.await.map(|r| r.map(boxed)) }
-        };
-        // Before anything else, safe methods included: what the routes judge must be what the
-        // service runs ([design §3](docs/design.md#3-what-a-request-with-a-key-gets)).
-        if let Err(why) = crate::policy::screen(req.method(), req.uri().path(), req.headers()) {
-            Outcome::Invalid.count();
-            return Ok(self.problem(&Problem::RequestInvalid(why.to_string())));
-        }
-        if is_safe(req.method()) {
-            return passthrough(&mut inner, req).await;
-        }
-        let policy = self
-            .config
-            .routes
-            .policy_for(req.method(), req.uri().path());
-        let key = match key_from(req.headers()) {
-            Ok(Some(key)) => key,
-            Ok(None) if policy.require_key => {
-                Outcome::Missing.count();
-                return Ok(self.problem(&Problem::KeyMissing));
+        let front = &self.front;
+        let keyed = match front.admit(req.method(), req.uri().path(), req.headers()) {
+            Admission::Pass => {
+                let fut = inner.call(req.map(boxed));
+                return fut.await.map(|r| r.map(boxed));
             }
-            Ok(None) => {
-                Outcome::Passthrough.count();
-                return passthrough(&mut inner, req).await;
-            }
-            Err(why) => {
-                Outcome::Invalid.count();
-                return Ok(self.problem(&Problem::KeyInvalid(why)));
-            }
-        };
-        let scope = match self.scope_of(req.headers()) {
-            Ok(scope) => scope,
-            Err(refused) => {
-                Outcome::Invalid.count();
-                return Ok(self.problem(&refused));
-            }
+            Admission::Refused(resp) => return Ok(respond(resp)),
+            Admission::Keyed(keyed) => keyed,
         };
         let (parts, body) = req.into_parts();
-        // A declared length over the bound is refused before the body is read, so a client
-        // that sent `Expect: 100-continue` gets 413 instead of being told to go on.
-        if http_body::Body::size_hint(&body).lower() > policy.max_body as u64 {
-            Outcome::Invalid.count();
-            return Ok(self.problem(&Problem::BodyTooLarge(policy.max_body)));
+        let declared = http_body::Body::size_hint(&body).lower();
+        if let Some(refused) = front.declared(&keyed, Some(declared)) {
+            return Ok(respond(refused));
         }
-        let collect = Limited::new(body, policy.max_body).collect();
-        // A body dripped byte by byte would hold the connection as long as the client likes;
-        // on timeout the body is dropped unread and nothing has been claimed.
-        let collected = match self.config.body_read {
-            Some(bound) => match tokio::time::timeout(bound, collect).await {
-                Ok(collected) => collected,
-                Err(_) => {
-                    Outcome::Invalid.count();
-                    return Ok(self.problem(&Problem::BodyTimeout(bound)));
-                }
-            },
-            None => collect.await,
-        };
-        let body = match collected {
-            Ok(collected) => collected.to_bytes(),
-            Err(e) if e.is::<http_body_util::LengthLimitError>() => {
-                Outcome::Invalid.count();
-                return Ok(self.problem(&Problem::BodyTooLarge(policy.max_body)));
-            }
-            Err(e) => {
-                Outcome::Invalid.count();
-                return Ok(self.problem(&Problem::BodyUnreadable(e.to_string())));
-            }
+        let body = match self.buffer(&keyed, body).await {
+            Ok(body) => body,
+            Err(refused) => return Ok(respond(refused)),
         };
         let target = parts
             .uri
             .path_and_query()
             .map_or_else(|| parts.uri.path(), |pq| pq.as_str());
-        let fingerprint = Fingerprint::http(
-            parts.method.as_str(),
-            target,
-            content_type(&parts.headers),
-            &body,
-        );
+        let fingerprint = Front::fingerprint(&parts.method, target, &parts.headers, &body);
         // The request's span (design §13), continuing the caller's trace; the engine fills in
         // what it decides, and the inner service (the gateway's forward) runs inside it.
         let span = idem_core::span::request(idem_core::span::Call::Http {
@@ -272,73 +164,65 @@ impl<St: Store> Shared<St> {
         });
         idem_telemetry::continue_remote(&span, &parts.headers);
         let work = (inner, Request::from_parts(parts, full(body)));
-        let (max_response, problem_base) = (
-            self.config.max_response_bytes,
-            self.config.problem_base.clone(),
-        );
-        // In the scope every anonymous caller shares, nothing that carries one caller's state
-        // is kept for the others (design §4).
-        let shared = scope == Scope::anonymous();
+        let anonymous = keyed.anonymous();
         let answer = self
             .engine
-            .run(scope, key, fingerprint, &policy.engine, move || {
-                execute(work, max_response, problem_base, shared)
-            })
+            .run(
+                keyed.scope.clone(),
+                keyed.key.clone(),
+                fingerprint,
+                &front.policy(&keyed).engine,
+                || execute(work, self.clone(), anonymous),
+            )
             .instrument(span)
             .await;
         let Ok(answer) = answer else {
-            return Ok(self.problem(&Problem::StoreUnavailable));
+            return Ok(respond(front.store_unavailable()));
         };
+        if let Some(prior) = front.prior(&keyed, &answer) {
+            return Ok(respond(prior));
+        }
         Ok(match answer {
             Answer::Executed {
                 response,
                 value: (_, withheld),
                 ..
-            } => match from_stored(&response) {
-                Some(mut resp) => {
-                    // The executing caller's own state goes to it, though it was not stored.
-                    append_headers(&mut resp, &withheld);
-                    respond(resp)
-                }
-                None => self.problem(&Problem::StoreUnavailable),
-            },
+            } => respond(front.executed(&response, &withheld)),
             Answer::NotSent((unstored, _)) | Answer::Unknown((unstored, _)) => match unstored {
                 Some(Ok(resp)) => respond(resp),
                 Some(Err(e)) => return Err(e),
-                None => self.problem(&Problem::OutcomeUnknown),
+                None => respond(front.refuse(&Problem::OutcomeUnknown)),
             },
-            Answer::Replayed(record) => {
-                let mut resp = match record.response.as_ref().map(|r| (from_stored(r), &r.body)) {
-                    Some((Some(resp), _)) => respond(resp),
-                    Some((None, StoredBody::Omitted { len, sha256 })) => {
-                        let status = record.response.as_ref().map_or(0, |r| r.status);
-                        self.problem(&Problem::ResponseTooLarge {
-                            status,
-                            len: *len,
-                            sha256: sha256.iter().map(|b| format!("{b:02x}")).collect(),
-                        })
-                    }
-                    _ => self.problem(&Problem::StoreUnavailable),
-                };
-                if shared {
-                    // A record stored before per-caller headers were withheld.
-                    let names: Vec<_> = resp
-                        .headers()
-                        .keys()
-                        .filter(|n| is_per_caller(n.as_str()))
-                        .cloned()
-                        .collect();
-                    for name in names {
-                        resp.headers_mut().remove(name);
-                    }
-                }
-                mark_replayed(&mut resp);
-                resp
-            }
-            Answer::InFlight(_) => self.problem(&Problem::InFlight(Duration::from_secs(1))),
-            Answer::Mismatch(_) => self.problem(&Problem::KeyReused),
-            Answer::Abandoned(_) => self.problem(&Problem::OutcomeUnknown),
+            // Answered by `prior` above.
+            _ => respond(front.store_unavailable()),
         })
+    }
+
+    /// A keyed request's body, bounded in size and, where configured, in time; the refusal
+    /// when it cannot be buffered (nothing is claimed then).
+    async fn buffer<B>(&self, keyed: &Keyed, body: B) -> Result<Bytes, Response<Bytes>>
+    where
+        B: http_body::Body<Data = Bytes>,
+        B::Error: Into<BoxError>,
+    {
+        let front = &self.front;
+        let collect = Limited::new(body, front.max_body(keyed)).collect();
+        // A body dripped byte by byte would hold the connection as long as the client likes;
+        // on timeout the body is dropped unread and nothing has been claimed.
+        let collected = match front.config().body_read {
+            Some(bound) => match tokio::time::timeout(bound, collect).await {
+                Ok(collected) => collected,
+                Err(_) => return Err(front.body_failed(keyed, &BodyError::Timeout(bound))),
+            },
+            None => collect.await,
+        };
+        match collected {
+            Ok(collected) => Ok(collected.to_bytes()),
+            Err(e) if e.is::<http_body_util::LengthLimitError>() => {
+                Err(front.body_failed(keyed, &BodyError::TooLarge))
+            }
+            Err(e) => Err(front.body_failed(keyed, &BodyError::Unreadable(e.to_string()))),
+        }
     }
 }
 
@@ -351,13 +235,12 @@ type Unstored<E> = Option<Result<Response<Bytes>, E>>;
 type Withheld = Vec<(String, Vec<u8>)>;
 
 /// Calls the inner service once and reports what happened to the engine, with the response
-/// to return when it is not to be stored. In the `shared` (anonymous) scope, per-caller
-/// headers are withheld from what is stored.
-async fn execute<S, F, E, ResBody>(
+/// to return when it is not to be stored; what is stored is the core's to say
+/// ([`Front::capture`]).
+async fn execute<S, F, E, ResBody, St>(
     (mut svc, req): (S, Request<Body>),
-    max_response: usize,
-    problem_base: String,
-    shared: bool,
+    shared: Arc<Shared<St>>,
+    anonymous: bool,
 ) -> (Effect, (Unstored<E>, Withheld))
 where
     S: Service<Request<Body>, Response = Response<ResBody>, Future = F, Error = E>,
@@ -372,14 +255,20 @@ where
             return (Effect::Unknown, (Some(Err(e)), Vec::new()));
         }
     };
+    let front = &shared.front;
     let marker = resp.extensions().get::<Executed>().copied();
     let (parts, body) = resp.into_parts();
-    let bytes = match Limited::new(body, max_response).collect().await {
+    let bytes = match Limited::new(body, front.config().max_response_bytes)
+        .collect()
+        .await
+    {
         Ok(c) => c.to_bytes(),
         Err(e) => {
             tracing::error!(error = %e, "the response body failed midway or was over max_response_bytes; outcome unknown");
-            let failed = Problem::ResponseFailed.to_response(&problem_base);
-            return (Effect::Unknown, (Some(Ok(failed)), Vec::new()));
+            return (
+                Effect::Unknown,
+                (Some(Ok(front.response_failed())), Vec::new()),
+            );
         }
     };
     match marker {
@@ -392,13 +281,8 @@ where
             (Some(Ok(Response::from_parts(parts, bytes))), Vec::new()),
         ),
         None => {
-            let mut stored = to_stored(parts.status, &parts.headers, bytes);
-            let withheld = if shared {
-                withhold_per_caller(&mut stored)
-            } else {
-                Vec::new()
-            };
-            (Effect::Done(stored), (None, withheld))
+            let captured = front.capture(anonymous, parts.status, &parts.headers, bytes);
+            (Effect::Done(captured.stored), (None, captured.withheld))
         }
     }
 }
