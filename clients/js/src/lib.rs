@@ -17,10 +17,12 @@ use napi::Env;
 use napi::bindgen_prelude::{Object, ToNapiValue};
 
 mod derive;
+mod http;
 mod ticket;
 mod tool;
 
 pub use derive::{check_key_fields, derive_key};
+pub use http::{HttpAdmission, HttpExecution, HttpFront, HttpReply, open_http_front};
 pub use ticket::Ticket;
 pub use tool::{BeginOutcome, OpenStore, Store, Tool, ToolOptions, open_store, shutdown};
 

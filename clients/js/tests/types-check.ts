@@ -64,3 +64,18 @@ export async function main(): Promise<string> {
   void [tools, one, agentTool, client, s, again, res];
   return id + deriveKey("run-1", "t", { a: 1 }) + derive("run-1", "t", { a: 1 });
 }
+
+// The HTTP middleware: the same options on every framework.
+import { idempotency as expressIdempotency } from "idem-runtime/express";
+import { idempotency as fastifyIdempotency } from "idem-runtime/fastify";
+import { idempotency as honoIdempotency } from "idem-runtime/hono";
+
+const httpOptions = {
+  config: "idem.toml",
+  anonymous: "allow" as const,
+  routes: [{ method: "POST", path: "/v1/charges", wait: "5s" }],
+  problems: { format: "stripe" as const },
+};
+export const forExpress: Promise<(req: any, res: any, next: (error?: unknown) => void) => void> = expressIdempotency(httpOptions);
+export const forFastify: (app: any) => Promise<void> = (app) => fastifyIdempotency(app, httpOptions);
+export const forHono = honoIdempotency({ store: "memory:" });

@@ -15,6 +15,7 @@ use pyo3::exceptions::PyRuntimeError;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyString};
 
+mod http;
 mod values;
 
 /// Raises `idem_runtime.errors.<name>(message)`.
@@ -32,7 +33,7 @@ fn typed(py: Python<'_>, name: &str, message: String) -> PyErr {
 }
 
 /// Maps an engine error to the exception a caller can act on.
-fn raise(py: Python<'_>, e: EmbedError) -> PyErr {
+pub(crate) fn raise(py: Python<'_>, e: EmbedError) -> PyErr {
     let message = e.to_string();
     let class = match e {
         EmbedError::Store(_) | EmbedError::Host(_) => "StoreUnavailableError",
@@ -388,6 +389,9 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Store>()?;
     m.add_class::<Ticket>()?;
     m.add_class::<Prior>()?;
+    m.add_class::<http::Front>()?;
+    m.add_class::<http::HttpKeyed>()?;
+    m.add_class::<http::HttpExecution>()?;
     m.add("DEFAULT_STORE", idem_embed::DEFAULT_STORE)?;
     m.add("RETURNED", idem_embed::call::RETURNED)?;
     m.add("RAISED", idem_embed::call::RAISED)?;

@@ -149,6 +149,13 @@ impl Store {
         Ok(b)
     }
 
+    /// This process's host and engine for the store (the HTTP front builds its cached engine
+    /// from it).
+    pub(crate) fn engine(&self) -> Result<(Arc<Host>, Engine<AnyStore>), EmbedError> {
+        let Bound { host, engine, .. } = self.bound()?;
+        Ok((host, engine))
+    }
+
     /// The URL with any password replaced, for messages.
     pub fn redacted(&self) -> String {
         redact(&self.url)

@@ -17,11 +17,14 @@
 //! and connections of its own.
 //!
 //! Key derivation with a subset of the arguments ([`fields`]) lives here too, so both
-//! languages select fields by the same rules.
+//! languages select fields by the same rules; and the HTTP core for the languages' web
+//! middleware ([`http`]), so an ASGI, WSGI, Express, Fastify or Hono service answers a keyed
+//! request exactly as the tower layer and `idem serve` do.
 
 pub mod call;
 pub mod fields;
 pub mod host;
+pub mod http;
 
 pub use call::{Claimed, Prior, PriorKind, Report, Saved, Started, Store, Ticket, ToolPolicy};
 pub use fields::{FieldError, KeyFields};

@@ -1,0 +1,96 @@
+// idem as Hono 4 middleware: a service's own keyed endpoints executed at most once per
+// Idempotency-Key, decided by the same HTTP core as `idem serve` and the Rust tower layer
+// (design §3). On Web-standard Request and Response, so on @hono/node-server and any server
+// Node can run Hono on.
+//
+//   import { Hono } from "hono";
+//   import { idempotency } from "idem-runtime/hono";
+//   const app = new Hono();
+//   app.use(await idempotency({ config: "idem.toml" }));
+//
+// The request target is the one the client sent where the server has it (@hono/node-server's
+// `c.env.incoming`), else the URL's path and query. A keyed request's body is buffered and the
+// handler gets a Request with the same bytes; its Response is buffered, kept, and replaced by
+// what the core says. Hono's own error responses (onError, its 500) are responses, and kept.
+import { openFront, flatHeaders, pairsOf, bodyRefusal } from "./http.js";
+
+/** Resolves to the middleware; rejects at once on a bad setting or a store that cannot be opened. */
+export async function idempotency(options = {}) {
+  const front = await openFront(options);
+  return async function idempotencyMiddleware(c, next) {
+    const raw = c.req.raw;
+    const url = new URL(raw.url);
+    const target = c.env?.incoming?.url ?? url.pathname + url.search;
+    const admission = front.admit(raw.method, target, flatHeaders(raw.headers));
+    if (admission.kind === "pass") return next();
+    if (admission.kind === "reply") return response(admission.reply());
+    const declared = raw.headers.get("content-length");
+    const tooLong = admission.declared(declared === null ? null : Number(declared));
+    if (tooLong) return response(tooLong);
+    const outcome = await readBody(raw.body, admission.maxBody, front.bodyReadMs);
+    if (!outcome.body) return response(bodyRefusal(admission, front, outcome));
+    const execution = await admission.begin(Buffer.from(outcome.body));
+    if (execution.reply) return response(execution.reply);
+    c.req.raw = new Request(raw.url, {
+      method: raw.method,
+      headers: raw.headers,
+      body: outcome.body.length > 0 ? outcome.body : null,
+      signal: raw.signal,
+    });
+    await next();
+    const res = c.res;
+    const body = res.body ? await readBody(res.body, execution.maxResponse, 0) : { body: new Uint8Array(0) };
+    const kept = body.body
+      ? await execution.finish(res.status, flatHeaders(res.headers), Buffer.from(body.body))
+      : await execution.failed();
+    c.res = undefined;
+    c.res = response(kept);
+  };
+}
+
+function response(reply) {
+  const headers = new Headers();
+  for (const [name, value] of pairsOf(reply.headers)) headers.append(name, value);
+  const status = reply.status;
+  const empty = status === 204 || status === 304;
+  return new Response(empty ? null : reply.body, { status, headers });
+}
+
+/** A Web stream's bytes, at most `max`, within `ms`: { body } or { tooLarge } / { timeout } / { error }. */
+async function readBody(stream, max, ms) {
+  if (!stream) return { body: new Uint8Array(0) };
+  const reader = stream.getReader();
+  const chunks = [];
+  let size = 0;
+  let timer = null;
+  const late = new Promise((resolve) => {
+    if (ms) timer = setTimeout(() => resolve({ timeout: true }), ms);
+  });
+  try {
+    for (;;) {
+      const step = await Promise.race([reader.read(), late]);
+      if (step.timeout) {
+        reader.cancel().catch(() => {});
+        return step;
+      }
+      if (step.done) break;
+      size += step.value.length;
+      if (size > max) {
+        reader.cancel().catch(() => {});
+        return { tooLarge: true };
+      }
+      chunks.push(step.value);
+    }
+  } catch (error) {
+    return { error };
+  } finally {
+    clearTimeout(timer);
+  }
+  const body = new Uint8Array(size);
+  let at = 0;
+  for (const c of chunks) {
+    body.set(c, at);
+    at += c.length;
+  }
+  return { body };
+}

@@ -1,0 +1,186 @@
+"""idem as ASGI middleware: a service's own keyed endpoints executed at most once per
+``Idempotency-Key``, in the service itself (Starlette, FastAPI, Litestar, Django's ASGI app,
+any ASGI 3 app). The same HTTP core as ``idem serve`` and the Rust tower layer decides every
+answer (design §3): a repeated key gets the stored response with ``Idempotent-Replayed:
+true``; another body with the key, 422 ``key-reused``; a duplicate while the first runs, 409
+with ``Retry-After`` (or a wait, with the route's ``wait``); a store that is down, 503, and the
+handler does not run.
+
+    from fastapi import FastAPI
+    from idem_runtime.asgi import IdempotencyMiddleware
+
+    app = FastAPI()
+    app.add_middleware(IdempotencyMiddleware, config="idem.toml")   # or routes=[...] in code
+
+Store calls run on the event loop's default executor, never on the loop itself. The keyed
+request's body is buffered (up to the route's ``max_body_bytes``) and handed to the app; its
+response is buffered too (up to ``max_response_bytes``) and sent once it is stored, so a
+streaming response on a keyed route arrives whole. An exception out of the app marks the
+outcome unknown (409 ``outcome-unknown`` to retries until ``idem resolve``), never a release;
+a response the framework made of an exception (a 500 page) is a response, and is kept.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any, Awaitable, Callable, MutableMapping, Optional
+
+from . import _native, _web
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+__all__ = ["IdempotencyMiddleware"]
+
+
+class _BodyTooLarge(Exception):
+    pass
+
+
+class IdempotencyMiddleware:
+    """Wraps an ASGI app. ``config``: the path of an ``idem serve`` TOML file; ``store``: a
+    store URL (else the file's, else ``$IDEM_STORE``, else ``sqlite:idem.db``); any other
+    keyword is a top-level setting of that file (``routes``, ``anonymous``, ``scope_headers``,
+    ``scope_cookies``, ``defaults``, ``limits``, ``timeouts``, ``problems``), winning over
+    the file's."""
+
+    def __init__(self, app: ASGIApp, *, config: Optional[_web.PathLike] = None, store: Optional[str] = None, **settings: Any) -> None:
+        self.app = app
+        self.front = _web.front(config, store, settings)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        headers = [(n.decode("latin-1"), v) for n, v in scope.get("headers", [])]
+        admitted = self.front.admit(scope["method"], _web.asgi_target(scope), headers)
+        if admitted is None:
+            await self.app(scope, receive, send)
+            return
+        if isinstance(admitted, tuple):
+            await _reply(send, admitted)
+            return
+        keyed = admitted
+        declared = next((v for n, v in headers if n == "content-length"), None)
+        refusal = self.front.declared(keyed, int(declared) if declared and declared.isdigit() else None)
+        if refusal is not None:
+            await _reply(send, refusal)
+            return
+        body = await self._body(keyed, receive, send)
+        if body is None:
+            return
+        loop = asyncio.get_running_loop()
+        begun = await loop.run_in_executor(None, self.front.begin, keyed, body)
+        if isinstance(begun, tuple):
+            await _reply(send, begun)
+            return
+        await self._execute(begun, scope, body, receive, send)
+
+    async def _body(self, keyed: Any, receive: Receive, send: Send) -> Optional[bytes]:
+        """The buffered body, or ``None`` once a refusal was sent (or the client left):
+        nothing is claimed then."""
+        bound = self.front.body_read
+        chunks, size = [], 0
+        try:
+            async with _deadline(bound):
+                while True:
+                    message = await receive()
+                    if message["type"] == "http.disconnect":
+                        return None
+                    chunk = message.get("body", b"")
+                    size += len(chunk)
+                    if size > keyed.max_body:
+                        raise _BodyTooLarge
+                    chunks.append(chunk)
+                    if not message.get("more_body", False):
+                        return b"".join(chunks)
+        except _BodyTooLarge:
+            await _reply(send, self.front.body_failed(keyed, "too_large"))
+        except asyncio.TimeoutError:
+            await _reply(send, self.front.body_failed(keyed, "timeout", seconds=bound or 0.0))
+        return None
+
+    async def _execute(self, execution: Any, scope: Scope, body: bytes, receive: Receive, send: Send) -> None:
+        """Runs the app on the buffered body, buffers its response, stores it, sends it."""
+        loop = asyncio.get_running_loop()
+        delivered = False
+
+        async def replayed_body() -> Message:
+            nonlocal delivered
+            if not delivered:
+                delivered = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            return await receive()
+
+        status: Optional[int] = None
+        headers: list = []
+        parts: list = []
+        size = 0
+        done = False
+        too_large = False
+        limit = execution.max_response
+
+        async def captured(message: Message) -> None:
+            nonlocal status, headers, size, done, too_large
+            if message["type"] == "http.response.start":
+                status = message["status"]
+                headers = [(n.decode("latin-1"), bytes(v)) for n, v in message.get("headers", [])]
+            elif message["type"] == "http.response.body" and not done:
+                chunk = message.get("body", b"")
+                size += len(chunk)
+                if size > limit:
+                    too_large = True
+                else:
+                    parts.append(chunk)
+                done = not message.get("more_body", False)
+
+        try:
+            await self.app(scope, replayed_body, captured)
+        except BaseException:
+            # Whatever the handler did before raising is unknown: never released.
+            await asyncio.shield(loop.run_in_executor(None, execution.unknown))
+            raise
+        if status is None or not done or too_large:
+            reply = await loop.run_in_executor(None, execution.failed)
+        else:
+            reply = await loop.run_in_executor(None, execution.finish, status, headers, b"".join(parts))
+        await _reply(send, reply)
+
+
+class _deadline:
+    """``asyncio.timeout`` where there is one (3.11), a task-cancelling timer otherwise."""
+
+    def __init__(self, seconds: Optional[float]) -> None:
+        self.seconds = seconds
+        self.handle = None
+        self.fired = False
+
+    async def __aenter__(self) -> "_deadline":
+        if self.seconds is not None:
+            task = asyncio.current_task()
+            loop = asyncio.get_running_loop()
+
+            def fire() -> None:
+                self.fired = True
+                if task is not None:
+                    task.cancel()
+
+            self.handle = loop.call_later(self.seconds, fire)
+        return self
+
+    async def __aexit__(self, kind, error, tb) -> bool:
+        if self.handle is not None:
+            self.handle.cancel()
+        if self.fired and kind is asyncio.CancelledError:
+            raise asyncio.TimeoutError
+        return False
+
+
+async def _reply(send: Send, reply: tuple) -> None:
+    status, headers, body = reply
+    headers = _web.with_length(headers, body)
+    await send({"type": "http.response.start", "status": status, "headers": [(n.encode("latin-1"), v) for n, v in headers]})
+    await send({"type": "http.response.body", "body": body, "more_body": False})

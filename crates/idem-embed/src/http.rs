@@ -1,0 +1,357 @@
+//! The HTTP core ([`idem_http::Front`]) for a host language's web framework: what the Python
+//! (ASGI, WSGI) and Node (Express, Fastify, Hono) middleware bind, so that every decision a
+//! keyed request gets is the tower layer's own, made once, in Rust
+//! ([design §3](docs/design.md#3-what-a-request-with-a-key-gets)).
+//!
+//! A middleware moves its framework's request and response in and out, on plain values:
+//!
+//! 1. [`HttpFront::admit`] (no I/O, cheap: fine on an event loop) answers
+//!    [`Admitted::Pass`] (hand the request on untouched), [`Admitted::Reply`] (send this), or
+//!    [`Admitted::Keyed`] (buffer the body, at most [`Keyed::max_body`] bytes);
+//! 2. [`HttpFront::begin`] (blocking: a store round trip, and a wait for a duplicate in
+//!    flight) claims the key, or answers what the store holds ([`Begun::Reply`]);
+//! 3. the framework runs the handler on the buffered body, and the middleware buffers its
+//!    response; [`HttpExecution::finish`] (blocking) stores it and says what to send;
+//!    [`HttpExecution::unknown`] marks the outcome unknown when the handler raised or the
+//!    response broke off.
+//!
+//! A store that cannot be used answers `store-unavailable` at [`HttpFront::begin`] and the
+//! handler never runs. The completed-record cache the tower layer has (design §9) is this
+//! front's too, shared by every call in the process.
+
+use std::sync::{Arc, Mutex, PoisonError};
+
+use bytes::Bytes;
+use http::{HeaderMap, HeaderName, HeaderValue, Method, Response, StatusCode};
+use idem_core::{Answer, Begun as EngineBegun, Effect, Engine, Execution};
+use idem_http::{Admission, BodyError, Config, FileConfig, Front, Problem};
+use idem_stores::AnyStore;
+
+use crate::EmbedError;
+use crate::call::Store;
+use crate::host::Host;
+
+/// A response as a host sends it: the status, the headers in order, the body.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Reply {
+    /// The status.
+    pub status: u16,
+    /// The headers, names in lower case.
+    pub headers: Vec<(String, Vec<u8>)>,
+    /// The body.
+    pub body: Vec<u8>,
+}
+
+impl From<Response<Bytes>> for Reply {
+    fn from(r: Response<Bytes>) -> Self {
+        let (parts, body) = r.into_parts();
+        Reply {
+            status: parts.status.as_u16(),
+            headers: parts
+                .headers
+                .iter()
+                .map(|(n, v)| (n.as_str().to_owned(), v.as_bytes().to_vec()))
+                .collect(),
+            body: body.to_vec(),
+        }
+    }
+}
+
+/// The HTTP core over one configuration and one store, for a host's middleware.
+#[derive(Debug)]
+pub struct HttpFront {
+    /// Shared with every execution it begins.
+    front: Arc<Front>,
+    store: Store,
+    /// This process's engine with its completed-record cache (a forked child makes its own).
+    cached: Mutex<Option<Cached>>,
+}
+
+/// The engine [`HttpFront`] uses, and the process it was made in.
+#[derive(Debug)]
+struct Cached {
+    pid: u32,
+    host: Arc<Host>,
+    engine: Engine<AnyStore>,
+}
+
+/// What a request gets before its body is read.
+#[derive(Debug)]
+pub enum Admitted {
+    /// Not idem's: hand it to the handler as it came.
+    Pass,
+    /// Send this; nothing was claimed.
+    Reply(Reply),
+    /// Keyed: buffer the body and [`HttpFront::begin`].
+    Keyed(Keyed),
+}
+
+/// A keyed request admitted: what [`HttpFront::begin`] needs of its head.
+#[derive(Debug, Clone)]
+pub struct Keyed {
+    keyed: idem_http::Keyed,
+    method: Method,
+    target: String,
+    headers: HeaderMap,
+    /// The most of its body to buffer.
+    pub max_body: usize,
+    /// Whether its route waits for a duplicate in flight, so [`HttpFront::begin`] may block
+    /// for that long (a host keeps such calls off a shared thread pool).
+    pub waits: bool,
+}
+
+impl Keyed {
+    /// The request's key.
+    pub fn key(&self) -> &str {
+        self.keyed.key.as_str()
+    }
+}
+
+/// What [`HttpFront::begin`] came to.
+#[derive(Debug)]
+pub enum Begun {
+    /// The key is this request's: run the handler, then [`HttpExecution::finish`].
+    Execute(HttpExecution),
+    /// Send this: a replay, or a refusal (in flight, key reused, outcome unknown, store
+    /// unavailable). The handler does not run.
+    Reply(Reply),
+}
+
+/// A keyed request whose handler runs. Dropped without finishing (the host crashed, or its
+/// middleware failed), the heartbeat stops and the record reads as abandoned when the lease
+/// ends: never released.
+#[derive(Debug)]
+pub struct HttpExecution {
+    /// Boxed: an execution is large beside a reply.
+    execution: Box<Execution<AnyStore>>,
+    host: Arc<Host>,
+    front: Arc<Front>,
+    anonymous: bool,
+}
+
+/// The configuration of `file` (the text of the TOML file `idem serve` reads; `None`: every
+/// default) with `overrides` on top (JSON text of an object of the file's top-level settings,
+/// as a host's middleware takes them in code: `routes`, `anonymous`, `limits`, ...), and the
+/// store URL they name, if any. One parser, so a setting means the same in a file, in code
+/// and in `idem serve`, and is refused with the same words.
+pub fn config_of(
+    file: Option<&str>,
+    overrides: Option<&str>,
+) -> Result<(Config, Option<String>), EmbedError> {
+    let bad = |e: &dyn std::fmt::Display| EmbedError::Value(e.to_string());
+    let mut table: toml::Table = match file {
+        Some(text) => text
+            .parse()
+            .map_err(|e: toml::de::Error| bad(&format_args!("in the config file: {e}")))?,
+        None => toml::Table::new(),
+    };
+    if let Some(json) = overrides {
+        let given: serde_json::Map<String, serde_json::Value> =
+            serde_json::from_str(json).map_err(|e| bad(&e))?;
+        for (name, value) in given {
+            if value.is_null() {
+                continue;
+            }
+            let value = toml::Value::try_from(value)
+                .map_err(|e| bad(&format_args!("setting {name}: {e}")))?;
+            table.insert(name, value);
+        }
+    }
+    let file: FileConfig = toml::Value::Table(table)
+        .try_into()
+        .map_err(|e: toml::de::Error| bad(&e))?;
+    let config = file.http().map_err(|e| bad(&format_args!("{e:#}")))?;
+    Ok((config, file.store))
+}
+
+impl HttpFront {
+    /// The core over `config`, keeping records in the store at `url` (opened now, so a wrong
+    /// URL fails here and not at the first request).
+    pub fn new(config: Config, url: &str) -> Result<Self, EmbedError> {
+        Ok(HttpFront {
+            front: Arc::new(Front::new(config)),
+            store: Store::open(url)?,
+            cached: Mutex::new(None),
+        })
+    }
+
+    /// The store's URL with any password hidden.
+    pub fn store(&self) -> String {
+        self.store.redacted()
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &Config {
+        self.front.config()
+    }
+
+    /// What a request gets before its body is read: `target` is the path with the query as
+    /// the client sent it (percent-escapes included), `headers` as received. A method or a
+    /// header that is not HTTP is refused (`request-invalid`), never guessed at.
+    pub fn admit(&self, method: &str, target: &str, headers: &[(String, Vec<u8>)]) -> Admitted {
+        let method = match Method::from_bytes(method.as_bytes()) {
+            Ok(m) => m,
+            Err(_) => return self.invalid(format!("The method {method:?} is not an HTTP method")),
+        };
+        let mut map = HeaderMap::with_capacity(headers.len());
+        for (name, value) in headers {
+            match (
+                HeaderName::from_bytes(name.as_bytes()),
+                HeaderValue::from_bytes(value),
+            ) {
+                (Ok(n), Ok(v)) => {
+                    map.append(n, v);
+                }
+                _ => {
+                    return self.invalid(format!("The header {name:?} is not a valid HTTP header"));
+                }
+            }
+        }
+        let path = target.split_once('?').map_or(target, |(p, _)| p);
+        match self.front.admit(&method, path, &map) {
+            Admission::Pass => Admitted::Pass,
+            Admission::Refused(r) => Admitted::Reply(r.into()),
+            Admission::Keyed(keyed) => Admitted::Keyed(Keyed {
+                max_body: self.front.max_body(&keyed),
+                waits: self.front.policy(&keyed).engine.wait.is_some(),
+                keyed,
+                method,
+                target: target.to_owned(),
+                headers: map,
+            }),
+        }
+    }
+
+    fn invalid(&self, why: String) -> Admitted {
+        idem_core::Outcome::Invalid.count();
+        Admitted::Reply(self.front.refuse(&Problem::RequestInvalid(why)).into())
+    }
+
+    /// The refusal of a body whose declared length (`Content-Length`) is over the bound,
+    /// before any of it is read.
+    pub fn declared(&self, keyed: &Keyed, declared: Option<u64>) -> Option<Reply> {
+        self.front.declared(&keyed.keyed, declared).map(Reply::from)
+    }
+
+    /// The refusal of a body that could not be buffered: over the bound, unreadable, or not
+    /// in time. Nothing was claimed.
+    pub fn body_failed(&self, keyed: &Keyed, error: &BodyError) -> Reply {
+        self.front.body_failed(&keyed.keyed, error).into()
+    }
+
+    /// Claims the request's key (blocking: a store round trip, and the route's `wait` for a
+    /// duplicate in flight), or answers what the store holds. Never an error: a store that
+    /// cannot be used is `store-unavailable`, and the handler does not run.
+    pub fn begin(&self, keyed: Keyed, body: &[u8]) -> Begun {
+        let fingerprint = Front::fingerprint(&keyed.method, &keyed.target, &keyed.headers, body);
+        let (host, engine) = match self.engine() {
+            Ok(pair) => pair,
+            Err(e) => {
+                tracing::warn!(error = %e, "the idempotency store cannot be used; request not executed");
+                return Begun::Reply(self.front.store_unavailable().into());
+            }
+        };
+        let policy = &self.front.policy(&keyed.keyed).engine;
+        let begun = host.block_on(engine.begin::<()>(
+            keyed.keyed.scope.clone(),
+            keyed.keyed.key.clone(),
+            fingerprint,
+            policy,
+        ));
+        match begun {
+            Ok(EngineBegun::Execute(execution)) => Begun::Execute(HttpExecution {
+                execution: Box::new(execution),
+                host,
+                front: self.front.clone(),
+                anonymous: keyed.keyed.anonymous(),
+            }),
+            Ok(EngineBegun::Answered(answer)) => Begun::Reply(
+                self.front
+                    .prior(&keyed.keyed, &answer)
+                    .unwrap_or_else(|| self.front.store_unavailable())
+                    .into(),
+            ),
+            Err(e) => {
+                tracing::warn!(error = %e, "the idempotency store cannot be used; request not executed");
+                Begun::Reply(self.front.store_unavailable().into())
+            }
+        }
+    }
+
+    /// This process's engine for the store, with the completed-record cache.
+    fn engine(&self) -> Result<(Arc<Host>, Engine<AnyStore>), EmbedError> {
+        let pid = std::process::id();
+        let mut cached = self.cached.lock().unwrap_or_else(PoisonError::into_inner);
+        match cached.as_ref() {
+            Some(c) if c.pid == pid => Ok((c.host.clone(), c.engine.clone())),
+            _ => {
+                let (host, engine) = self.store.engine()?;
+                let engine = engine.with_cache_bytes(self.front.config().cache_bytes);
+                let fresh = Cached {
+                    pid,
+                    host: host.clone(),
+                    engine: engine.clone(),
+                };
+                // A pair inherited by fork is leaked, as the host leaks its own.
+                if let Some(inherited) = cached.replace(fresh) {
+                    std::mem::forget(inherited);
+                }
+                Ok((host, engine))
+            }
+        }
+    }
+}
+
+impl HttpExecution {
+    /// The most of the handler's response body to buffer: over it, [`HttpExecution::failed`].
+    pub fn max_response(&self) -> usize {
+        self.front.config().max_response_bytes
+    }
+
+    /// Stores the handler's response (or releases the key, for a status the route says means
+    /// "not processed": 429 and 503 by default) and wakes duplicates waiting in this process;
+    /// blocking. Answers what the caller is sent: the response, with the headers withheld from
+    /// the record in the anonymous scope. A header that is not HTTP is not stored or sent.
+    pub fn finish(self, status: u16, headers: &[(String, Vec<u8>)], body: Vec<u8>) -> Reply {
+        let status = StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+        let mut map = HeaderMap::with_capacity(headers.len());
+        for (name, value) in headers {
+            if let (Ok(n), Ok(v)) = (
+                HeaderName::from_bytes(name.as_bytes()),
+                HeaderValue::from_bytes(value),
+            ) {
+                map.append(n, v);
+            }
+        }
+        let captured = self
+            .front
+            .capture(self.anonymous, status, &map, Bytes::from(body));
+        let answer = self
+            .host
+            .block_on(self.execution.finish(Effect::Done(captured.stored), ()));
+        match answer {
+            Answer::Executed { response, .. } => {
+                self.front.executed(&response, &captured.withheld).into()
+            }
+            // The engine answers an execution it was told `Done` only as executed.
+            _ => self.front.store_unavailable().into(),
+        }
+    }
+
+    /// The handler raised (and the framework made no response of it), or the process is
+    /// going away mid-request: whatever it did is unknown, so the record is marked abandoned
+    /// at once, never released ([design §4](docs/design.md#4-which-results-are-kept)).
+    pub fn unknown(self) {
+        let _ = self
+            .host
+            .block_on(self.execution.finish::<()>(Effect::Unknown, ()));
+    }
+
+    /// The response broke off or was over [`HttpExecution::max_response`]: marked unknown, as
+    /// [`HttpExecution::unknown`]; the answer is `response-failed`.
+    pub fn failed(self) -> Reply {
+        let front = self.front.clone();
+        self.unknown();
+        front.response_failed().into()
+    }
+}

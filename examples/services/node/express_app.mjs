@@ -1,0 +1,21 @@
+// The example payment service on Express, made idempotent by idem's middleware:
+//   PORT=3000 IDEM_CONFIG=idem.toml LEDGER=ledger.jsonl node express_app.mjs
+import express from "express";
+import { idempotency } from "idem-runtime/express";
+
+import * as ledger from "./ledger.mjs";
+
+const app = express();
+const options = ledger.idemOptions();
+if (options) app.use(await idempotency(options)); // before the body parsers
+app.use(express.json(), express.urlencoded({ extended: false }), express.text({ type: "*/*" }));
+
+async function createCharge(req, res) {
+  const { status, body, headers } = await ledger.charge(ledger.fields(req.body, req.headers["content-type"]));
+  res.status(status).set(headers).json(body);
+}
+app.post(["/v1/charges", "/v1/waits"], createCharge);
+app.get("/v1/charges", (req, res) => res.json({ count: ledger.count() }));
+app.post("/v1/echo", (req, res) => res.json({ echo: typeof req.body === "string" ? req.body : JSON.stringify(req.body) }));
+
+app.listen(ledger.port, "127.0.0.1", () => console.log(`listening ${ledger.port}`));
