@@ -146,6 +146,12 @@ impl HttpKeyed {
     fn key(&self) -> &str {
         self.0.key()
     }
+
+    /// Whether its route waits for a duplicate in flight (`begin` may block that long).
+    #[getter]
+    fn waits(&self) -> bool {
+        self.0.waits
+    }
 }
 
 /// A claimed key whose handler runs; finish it exactly once.

@@ -53,6 +53,16 @@ pub enum KeyError {
         /// Offset of the backslash in the header value.
         position: usize,
     },
+    /// A comma in a bare (unquoted) header value. A header sent twice reads, to every server
+    /// that combines field lines (RFC 9110 §5.3; WSGI servers always do), as its values
+    /// joined by commas, so a bare key holding one cannot be told from two keys.
+    #[error(
+        "the idempotency key has a comma at position {position}: a header sent twice reads as its values joined by commas (RFC 9110 §5.3), so an unquoted key cannot hold one; send one key, or quote it as an sf-string"
+    )]
+    Comma {
+        /// Offset of the comma in the header value.
+        position: usize,
+    },
     /// Characters after the closing quote (RFC 8941 parameters are not defined for this field).
     #[error("the idempotency key has characters after its closing quote at position {position}")]
     TrailingCharacters {
@@ -101,6 +111,11 @@ impl Key {
                 return Err(KeyError::InvalidByte {
                     position: start + i,
                     byte,
+                });
+            }
+            if let Some(i) = trimmed.iter().position(|b| *b == b',') {
+                return Err(KeyError::Comma {
+                    position: start + i,
                 });
             }
             // Checked above: every byte is ASCII, so this cannot fail.
@@ -285,6 +300,24 @@ mod tests {
         );
     }
 
+    /// A header sent twice reads as its values joined by a comma wherever field lines are
+    /// combined (every WSGI server): a bare key cannot hold one, a quoted key can.
+    #[test]
+    fn a_bare_comma_is_two_keys_and_a_quoted_one_is_a_character() {
+        assert_eq!(header("a,b"), Err(KeyError::Comma { position: 1 }));
+        assert_eq!(header(" k-1,k-2"), Err(KeyError::Comma { position: 4 }));
+        assert_eq!(header(r#""a,b""#).map(|k| k.0), Ok("a,b".into()));
+        assert!(matches!(
+            header(r#""a", "b""#),
+            Err(KeyError::TrailingCharacters { .. })
+        ));
+        assert_eq!(
+            Key::new("a,b").map(|k| k.0),
+            Ok("a,b".into()),
+            "given directly"
+        );
+    }
+
     #[test]
     fn length_bounds_count_decoded_bytes() {
         let max = "k".repeat(MAX_KEY_LEN);
@@ -312,7 +345,7 @@ mod tests {
         for b in 0x21u8..=0x7e {
             let s = (b as char).to_string();
             assert!(Key::new(s.clone()).is_ok(), "{s:?}");
-            if b != b'"' {
+            if b != b'"' && b != b',' {
                 assert!(header(&s).is_ok(), "{s:?}");
             }
         }

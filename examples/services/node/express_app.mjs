@@ -1,7 +1,9 @@
 // The example payment service on Express, made idempotent by idem's middleware:
 //   PORT=3000 IDEM_CONFIG=idem.toml LEDGER=ledger.jsonl node express_app.mjs
-import express from "express";
+// EXPRESS=express4 runs it on Express 4 (package.json installs it under that name).
 import { idempotency } from "idem-runtime/express";
+
+const { default: express } = await import(process.env.EXPRESS ?? "express");
 
 import * as ledger from "./ledger.mjs";
 
@@ -10,9 +12,11 @@ const options = ledger.idemOptions();
 if (options) app.use(await idempotency(options)); // before the body parsers
 app.use(express.json(), express.urlencoded({ extended: false }), express.text({ type: "*/*" }));
 
-async function createCharge(req, res) {
-  const { status, body, headers } = await ledger.charge(ledger.fields(req.body, req.headers["content-type"]));
-  res.status(status).set(headers).json(body);
+// Express 4 does not catch a rejected handler: errors go to next() by hand.
+function createCharge(req, res, next) {
+  ledger
+    .charge(ledger.fields(req.body, req.headers["content-type"]))
+    .then(({ status, body, headers }) => res.status(status).set(headers).json(body), next);
 }
 app.post(["/v1/charges", "/v1/waits"], createCharge);
 app.get("/v1/charges", (req, res) => res.json({ count: ledger.count() }));
