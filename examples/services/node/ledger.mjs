@@ -8,11 +8,12 @@ const LEDGER = process.env.LEDGER ?? "ledger.jsonl";
 
 /** The request's fields: JSON, or a form (Stripe's SDKs send forms). */
 export function fields(body, contentType) {
+  // Already parsed (express.json(), express.urlencoded(), Fastify's JSON parser).
+  if (body && typeof body === "object" && !Buffer.isBuffer(body)) return body;
   const text = Buffer.isBuffer(body) ? body.toString() : typeof body === "string" ? body : "";
   if (contentType?.startsWith("application/x-www-form-urlencoded")) {
     return Object.fromEntries(new URLSearchParams(text));
   }
-  if (body && typeof body === "object" && !Buffer.isBuffer(body)) return body;
   try {
     const v = JSON.parse(text || "{}");
     return v && typeof v === "object" && !Array.isArray(v) ? v : {};
