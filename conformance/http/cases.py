@@ -373,15 +373,23 @@ def large_response(svc: Service):
 def request_spellings(svc: Service):
     delta = counted(svc)
     body = b'{"customer":"cus_1"}'
+    notes = set()
     for method, target in [("post", "/v1/charges"), ("POST", "/v1/../v1/charges"), ("POST", "/v1/%2e%2e/v1/charges")]:
         head = f"{method} {target} HTTP/1.1\r\nHost: t\r\nauthorization: Bearer a\r\ncontent-type: application/json\r\ncontent-length: {len(body)}\r\nconnection: close\r\n\r\n"
         out = svc.raw(head.encode() + body)
-        assert out.startswith(b"HTTP/1.1 400") or out.startswith(b"HTTP/1.0 400"), f"{method} {target}: {out[:200]!r}"
+        status = out.split(b" ", 2)[1].decode() if out.startswith(b"HTTP/1.") else "?"
+        # 400 from idem (or from the server's parser). A router that runs before middleware
+        # (Litestar's) refuses some spellings first (405, 404): refused either way, and the
+        # charge count below shows nothing ran.
+        assert status in ("400", "404", "405"), f"{method} {target}: {out[:200]!r}"
+        if status != "400":
+            notes.add(f"{method} {target}: {status} from the router")
     # Spellings the service routes to the keyed route need its key.
     for target in ["/V1/CHARGES", "/v1//charges", "/v1/%63harges"]:
         r = svc.request("POST", target, {**CALLER, **JSON}, body)
         assert r.status == 400 and r.problem() == "key-missing" or r.status == 404, f"{target}: {r!r}"
     delta(0)
+    return "; ".join(sorted(notes))
 
 
 def crash(svc: Service):

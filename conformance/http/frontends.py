@@ -163,6 +163,8 @@ def frontends() -> List[Frontend]:
                  raises="axum makes the handler's error a 500 response, kept"),
         Frontend("fastapi", "FastAPI (ASGI, uvicorn)", uvicorn + ["fastapi_app:app"], PYTHON_SERVICES,
                  raises="the exception leaves the app through the middleware: outcome unknown"),
+        Frontend("litestar", "Litestar (ASGI, uvicorn)", uvicorn + ["litestar_app:app"], PYTHON_SERVICES,
+                 raises="Litestar makes the exception its 500 response, kept"),
         Frontend("flask", "Flask (WSGI, gunicorn)", gunicorn + ["flask_app:app"], PYTHON_SERVICES,
                  raises="Flask makes the exception its 500 page, kept"),
         Frontend("django", "Django (WSGI, gunicorn)", gunicorn + ["django_app:wsgi_application"], PYTHON_SERVICES,
