@@ -91,7 +91,7 @@ def measure(fe: frontends.Frontend, config: str, store: str, script: pathlib.Pat
     try:
         url = f"{running.base}/v1/charges"
         # Warm: the replay's first request stores what the rest replay; JITs and caches settle.
-        subprocess.run(["wrk", "-t1", "-c4", "-d1s", "-s", str(script), url], capture_output=True, check=False)
+        subprocess.run(["wrk", "-t2", "-c8", "-d2s", "-s", str(script), url], capture_output=True, check=False)
         tick = os.sysconf("SC_CLK_TCK")
         before = group_ticks(running.front.pid)
         requests, rps, p99, errors = wrk(url, script, seconds, connections)

@@ -13,7 +13,7 @@
 // stored. Store calls run off the event loop. A response Express makes of a thrown error (its
 // 500 page) is a response, and is kept; a response that never completes (the process dies)
 // leaves the key abandoned, never released.
-import { openFront, fromNodeHeaders, nodeHeaders, bodyRefusal } from "./http.js";
+import { openFront, fromNodeHeaders, nodeHeaders, bodyRefusal, begin, finish, readNodeBody } from "./http.js";
 import { ConfigurationError } from "./errors.js";
 
 /** Resolves to the middleware; rejects at once on a bad setting or a store that cannot be opened. */
@@ -36,51 +36,13 @@ async function handle(front, req, res, next) {
   const declared = req.headers["content-length"];
   const tooLong = admission.declared(declared === undefined ? null : Number(declared));
   if (tooLong) return send(res, tooLong);
-  const outcome = await readAndKeep(req, admission.maxBody, front.bodyReadMs);
+  const outcome = await readNodeBody(req, admission.maxBody, front.bodyReadMs);
   if (outcome.gone) return;
   if (!outcome.body) return send(res, bodyRefusal(admission, front, outcome));
-  const execution = await admission.begin(outcome.body);
+  const execution = await begin(admission, outcome.body);
   if (execution.reply) return send(res, execution.reply);
   capture(res, execution);
   next();
-}
-
-/**
- * Reads the request's body without consuming it: chunks are read as they arrive, and once the
- * message is complete the whole body is put back (`unshift`) in the same tick the stream would
- * have ended, so a body parser downstream reads it as if untouched. `gone`: the client left.
- */
-function readAndKeep(req, max, ms) {
-  return new Promise((resolve) => {
-    const chunks = [];
-    let size = 0;
-    let timer = null;
-    const done = (v) => {
-      clearTimeout(timer);
-      req.removeListener("readable", onReadable);
-      req.removeListener("error", onGone);
-      req.removeListener("aborted", onGone);
-      resolve(v);
-    };
-    const onReadable = () => {
-      let chunk;
-      while ((chunk = req.read()) !== null) {
-        size += chunk.length;
-        if (size > max) return done({ tooLarge: true });
-        chunks.push(chunk);
-      }
-      if (req.complete) {
-        const body = Buffer.concat(chunks);
-        if (body.length > 0) req.unshift(body);
-        done({ body });
-      }
-    };
-    const onGone = () => done({ gone: true });
-    if (ms) timer = setTimeout(() => done({ timeout: true }), ms);
-    req.on("readable", onReadable);
-    req.once("error", onGone);
-    req.once("aborted", onGone);
-  });
 }
 
 /**
@@ -123,8 +85,8 @@ function capture(res, execution) {
     const done = typeof chunk === "function" ? chunk : typeof encoding === "function" ? encoding : cb;
     const kept = tooLarge
       ? execution.failed()
-      : execution.finish(res.statusCode, fromNodeHeaders(res.getHeaders()), Buffer.concat(chunks));
-    kept.then(
+      : finish(execution, res.statusCode, fromNodeHeaders(res.getHeaders()), chunks.length === 1 ? chunks[0] : Buffer.concat(chunks));
+    Promise.resolve(kept).then(
       (reply) => {
         for (const name of res.getHeaderNames()) res.removeHeader(name);
         send(res, reply, done);

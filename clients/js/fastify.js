@@ -13,7 +13,7 @@
 // they are responses) and sends what the core says. Store calls run off the event loop.
 import { Readable } from "node:stream";
 
-import { openFront, fromNodeHeaders, pairsOf, readStream, bodyRefusal } from "./http.js";
+import { openFront, fromNodeHeaders, pairsOf, readStream, bodyRefusal, begin, finish } from "./http.js";
 
 const state = Symbol("idem");
 
@@ -38,7 +38,7 @@ export async function idempotency(fastify, options = {}) {
     if (tooLong) return answer(request, reply, tooLong);
     const outcome = await readStream(payload, admission.maxBody, front.bodyReadMs);
     if (!outcome.body) return answer(request, reply, bodyRefusal(admission, front, outcome));
-    const execution = await admission.begin(outcome.body);
+    const execution = await begin(admission, outcome.body);
     if (execution.reply) return answer(request, reply, execution.reply);
     s.execution = execution;
     const again = Readable.from(outcome.body.length > 0 ? [outcome.body] : []);
@@ -52,7 +52,7 @@ export async function idempotency(fastify, options = {}) {
     s.execution = null;
     const body = await bytesOf(payload, execution.maxResponse);
     const kept = body
-      ? await execution.finish(reply.statusCode, fromNodeHeaders(reply.getHeaders()), body)
+      ? await finish(execution, reply.statusCode, fromNodeHeaders(reply.getHeaders()), body)
       : await execution.failed();
     reply.removeHeader("content-length");
     for (const name of Object.keys(reply.getHeaders())) reply.removeHeader(name);

@@ -12,36 +12,65 @@
 // `c.env.incoming`), else the URL's path and query. A keyed request's body is buffered and the
 // handler gets a Request with the same bytes; its Response is buffered, kept, and replaced by
 // what the core says. Hono's own error responses (onError, its 500) are responses, and kept.
-import { openFront, flatHeaders, pairsOf, bodyRefusal } from "./http.js";
+import { openFront, flatHeaders, pairsOf, bodyRefusal, begin, finish, readNodeBody } from "./http.js";
 
 /** Resolves to the middleware; rejects at once on a bad setting or a store that cannot be opened. */
 export async function idempotency(options = {}) {
   const front = await openFront(options);
   return async function idempotencyMiddleware(c, next) {
+    // On @hono/node-server the Node request is at hand: its raw target and headers, and its
+    // body, read here and left as `incoming.rawBody`, which the server's Request reads
+    // directly when the handler asks for the body (its fast path for a body already read).
+    const incoming = c.env?.incoming;
     const raw = c.req.raw;
-    const url = new URL(raw.url);
-    const target = c.env?.incoming?.url ?? url.pathname + url.search;
-    const admission = front.admit(raw.method, target, flatHeaders(raw.headers));
+    let target;
+    let headers;
+    if (incoming) {
+      target = incoming.url;
+      headers = incoming.rawHeaders;
+    } else {
+      const url = new URL(raw.url);
+      target = url.pathname + url.search;
+      headers = flatHeaders(raw.headers);
+    }
+    const admission = front.admit(raw.method, target, headers);
     if (admission.kind === "pass") return next();
     if (admission.kind === "reply") return response(admission.reply());
-    const declared = raw.headers.get("content-length");
-    const tooLong = admission.declared(declared === null ? null : Number(declared));
+    const declared = incoming ? incoming.headers["content-length"] : raw.headers.get("content-length");
+    const tooLong = admission.declared(declared === undefined || declared === null ? null : Number(declared));
     if (tooLong) return response(tooLong);
-    const outcome = await readBody(raw.body, admission.maxBody, front.bodyReadMs);
+    const outcome = incoming
+      ? await readNodeBody(incoming, admission.maxBody, front.bodyReadMs, { putBack: false })
+      : await readBody(raw.body, admission.maxBody, front.bodyReadMs);
+    if (outcome.gone) return response({ status: 400, headers: [], body: Buffer.alloc(0) });
     if (!outcome.body) return response(bodyRefusal(admission, front, outcome));
-    const execution = await admission.begin(Buffer.from(outcome.body));
+    const body = Buffer.isBuffer(outcome.body) ? outcome.body : Buffer.from(outcome.body);
+    const execution = await begin(admission, body);
     if (execution.reply) return response(execution.reply);
-    c.req.raw = new Request(raw.url, {
-      method: raw.method,
-      headers: raw.headers,
-      body: outcome.body.length > 0 ? outcome.body : null,
-      signal: raw.signal,
-    });
+    if (incoming) {
+      incoming.rawBody = body;
+    } else {
+      c.req.raw = new Request(raw.url, {
+        method: raw.method,
+        headers: raw.headers,
+        body: body.length > 0 ? body : null,
+        signal: raw.signal,
+      });
+    }
     await next();
     const res = c.res;
-    const body = res.body ? await readBody(res.body, execution.maxResponse, 0) : { body: new Uint8Array(0) };
-    const kept = body.body
-      ? await execution.finish(res.status, flatHeaders(res.headers), Buffer.from(body.body))
+    const limit = execution.maxResponse;
+    const declaredOut = Number(res.headers.get("content-length") ?? NaN);
+    // A declared length within the bound is read whole (the fast path of a body made in
+    // memory); anything else through a bounded reader.
+    const read =
+      declaredOut <= limit
+        ? { body: new Uint8Array(await res.arrayBuffer()) }
+        : res.body
+          ? await readBody(res.body, limit, 0)
+          : { body: new Uint8Array(0) };
+    const kept = read.body
+      ? await finish(execution, res.status, flatHeaders(res.headers), Buffer.from(read.body.buffer, read.body.byteOffset, read.body.length))
       : await execution.failed();
     c.res = undefined;
     c.res = response(kept);
@@ -49,8 +78,9 @@ export async function idempotency(options = {}) {
 }
 
 function response(reply) {
-  const headers = new Headers();
-  for (const [name, value] of pairsOf(reply.headers)) headers.append(name, value);
+  // Headers as pairs, not a Headers object: @hono/node-server writes such a Response on its
+  // fast path, and pairs keep repeated headers (Set-Cookie) apart.
+  const headers = pairsOf(reply.headers);
   const status = reply.status;
   const empty = status === 204 || status === 304;
   return new Response(empty ? null : reply.body, { status, headers });

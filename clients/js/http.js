@@ -113,3 +113,54 @@ export function bodyRefusal(admission, front, outcome) {
   if (outcome.timeout) return admission.bodyFailed("timeout", null, front.bodyReadMs ?? 0);
   return admission.bodyFailed("unreadable", String(outcome.error?.message ?? outcome.error));
 }
+
+/** Claims a keyed request's key: on this thread for an inline one (a memory: store, a route that does not wait), else off the event loop. */
+export function begin(admission, body) {
+  return admission.inline ? admission.beginNow(body) : admission.begin(body);
+}
+
+/** Keeps the handler's response: on this thread for a memory: store, else off the event loop. */
+export function finish(execution, status, headers, body) {
+  return execution.inline ? execution.finishNow(status, headers, body) : execution.finish(status, headers, body);
+}
+
+/**
+ * Reads a Node request's body without consuming it: chunks are read as they arrive, and once
+ * the message is complete the whole body is put back (`unshift`) in the same tick the stream
+ * would have ended (Node checks for "one last unshift" before it emits `end`), so whoever
+ * reads the request next (a body parser, @hono/node-server's Request) reads it as if
+ * untouched (with `putBack: false`, it is not put back). Resolves to { body } | { tooLarge } |
+ * { timeout } | { gone } (the client left).
+ */
+export function readNodeBody(req, max, ms, { putBack = true } = {}) {
+  return new Promise((resolve) => {
+    const chunks = [];
+    let size = 0;
+    let timer = null;
+    const done = (v) => {
+      clearTimeout(timer);
+      req.removeListener("readable", onReadable);
+      req.removeListener("error", onGone);
+      req.removeListener("aborted", onGone);
+      resolve(v);
+    };
+    const onReadable = () => {
+      let chunk;
+      while ((chunk = req.read()) !== null) {
+        size += chunk.length;
+        if (size > max) return done({ tooLarge: true });
+        chunks.push(chunk);
+      }
+      if (req.complete) {
+        const body = chunks.length === 1 ? chunks[0] : Buffer.concat(chunks);
+        if (putBack && body.length > 0) req.unshift(body);
+        done({ body });
+      }
+    };
+    const onGone = () => done({ gone: true });
+    if (ms) timer = setTimeout(() => done({ timeout: true }), ms);
+    req.on("readable", onReadable);
+    req.once("error", onGone);
+    req.once("aborted", onGone);
+  });
+}

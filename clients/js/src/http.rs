@@ -174,10 +174,26 @@ pub struct HttpAdmission {
 }
 
 impl HttpAdmission {
-    fn keyed(&self) -> napi::Result<Keyed> {
+    /// `f` of the keyed request, borrowed.
+    fn with_keyed<T>(&self, f: impl FnOnce(&Keyed) -> T) -> napi::Result<T> {
         match &*self.admitted.lock().unwrap_or_else(PoisonError::into_inner) {
-            Some(Admitted::Keyed(k)) => Ok(k.clone()),
+            Some(Admitted::Keyed(k)) => Ok(f(k)),
             _ => Err(js_error("invalid", "this request is not a keyed one")),
+        }
+    }
+
+    /// The keyed request, taken: it begins once.
+    fn take_keyed(&self) -> napi::Result<Keyed> {
+        let mut admitted = self.admitted.lock().unwrap_or_else(PoisonError::into_inner);
+        match admitted.take() {
+            Some(Admitted::Keyed(k)) => Ok(k),
+            other => {
+                *admitted = other;
+                Err(js_error(
+                    "invalid",
+                    "this request is not a keyed one, or it has begun",
+                ))
+            }
         }
     }
 }
@@ -204,18 +220,37 @@ impl HttpAdmission {
         }
     }
 
+    /// Whether `beginNow` may be called: a `memory:` store on a route that does not wait,
+    /// whose claim waits on nothing (a hop to libuv's pool would cost more than the call).
+    #[napi(getter)]
+    pub fn inline(&self) -> bool {
+        self.with_keyed(|k| k.inline).unwrap_or(false)
+    }
+
+    /// As `begin`, on this thread, for an `inline` request.
+    #[napi]
+    pub fn begin_now(&self, body: Buffer) -> napi::Result<HttpExecution> {
+        if !self.inline() {
+            return Err(js_error(
+                "invalid",
+                "beginNow is for inline requests; use begin",
+            ));
+        }
+        let keyed = self.take_keyed()?;
+        Ok(HttpExecution::of(self.front.begin(keyed, &body)))
+    }
+
     /// The most of a keyed request's body to buffer.
     #[napi(getter)]
     pub fn max_body(&self) -> napi::Result<f64> {
         // Bounds of a few MiB: exact as a double.
         #[allow(clippy::cast_precision_loss)]
-        self.keyed().map(|k| k.max_body as f64)
+        self.with_keyed(|k| k.max_body as f64)
     }
 
     /// The refusal of a declared length (`content-length`) over the bound, or `null`.
     #[napi]
     pub fn declared(&self, length: Option<f64>) -> napi::Result<Option<HttpReply>> {
-        let keyed = self.keyed()?;
         let length = length.filter(|l| *l >= 0.0).map(|l| {
             // A header's digits, parsed by JavaScript: whole and non-negative.
             #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
@@ -223,7 +258,7 @@ impl HttpAdmission {
                 l as u64
             }
         });
-        Ok(self.front.declared(&keyed, length).map(HttpReply::from))
+        self.with_keyed(|keyed| self.front.declared(keyed, length).map(HttpReply::from))
     }
 
     /// The refusal of a body that could not be buffered: `kind` is `too_large`,
@@ -235,7 +270,6 @@ impl HttpAdmission {
         detail: Option<String>,
         ms: Option<f64>,
     ) -> napi::Result<HttpReply> {
-        let keyed = self.keyed()?;
         let error = match kind.as_str() {
             "too_large" => BodyError::TooLarge,
             "timeout" => BodyError::Timeout(
@@ -244,7 +278,7 @@ impl HttpAdmission {
             ),
             _ => BodyError::Unreadable(detail.unwrap_or_default()),
         };
-        Ok(self.front.body_failed(&keyed, &error).into())
+        self.with_keyed(|keyed| self.front.body_failed(keyed, &error).into())
     }
 
     /// Claims the key with the buffered body: resolves to an `HttpExecution` whose `reply`
@@ -255,7 +289,7 @@ impl HttpAdmission {
         env: &'env Env,
         body: Buffer,
     ) -> napi::Result<Either<AsyncTask<Run<HttpExecution>>, Object<'env>>> {
-        let keyed = self.keyed()?;
+        let keyed = self.take_keyed()?;
         let waits = keyed.waits;
         let front = self.front.clone();
         let body = body.to_vec();
@@ -361,6 +395,36 @@ impl HttpExecution {
         // Bounds of at most a few GiB: exact as a double.
         #[allow(clippy::cast_precision_loss)]
         guard.as_ref().map_or(0.0, |e| e.max_response() as f64)
+    }
+
+    /// Whether `finishNow` may be called (a `memory:` store).
+    #[napi(getter)]
+    pub fn inline(&self) -> bool {
+        let guard = self
+            .execution
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        guard.as_ref().is_some_and(Execution::inline)
+    }
+
+    /// As `finish`, on this thread, for an `inline` execution.
+    #[napi]
+    pub fn finish_now(
+        &self,
+        status: u32,
+        headers: Vec<String>,
+        body: Buffer,
+    ) -> napi::Result<HttpReply> {
+        if !self.inline() {
+            return Err(js_error(
+                "invalid",
+                "finishNow is for a memory: store; use finish",
+            ));
+        }
+        let status = u16::try_from(status)
+            .map_err(|_| js_error("invalid", format!("status {status} is not an HTTP status")))?;
+        let headers = pairs(&headers)?;
+        Ok(self.take()?.finish(status, &headers, body.to_vec()).into())
     }
 
     /// Stores the handler's response; resolves to the reply to send.

@@ -152,6 +152,13 @@ impl HttpKeyed {
     fn waits(&self) -> bool {
         self.0.waits
     }
+
+    /// Whether `begin` waits on nothing (a `memory:` store, a route that does not wait), so
+    /// it may be called on an event loop.
+    #[getter]
+    fn inline(&self) -> bool {
+        self.0.inline
+    }
 }
 
 /// A claimed key whose handler runs; finish it exactly once.
@@ -178,6 +185,16 @@ impl HttpExecution {
             .lock()
             .map_err(|_| PyRuntimeError::new_err("execution lock poisoned"))?;
         Ok(guard.as_ref().map_or(0, Execution::max_response))
+    }
+
+    /// Whether `finish` waits on nothing (a `memory:` store).
+    #[getter]
+    fn inline(&self) -> PyResult<bool> {
+        let guard = self
+            .0
+            .lock()
+            .map_err(|_| PyRuntimeError::new_err("execution lock poisoned"))?;
+        Ok(guard.as_ref().is_some_and(Execution::inline))
     }
 
     /// Stores the handler's response (blocking, GIL released); the reply to send.

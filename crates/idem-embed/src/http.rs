@@ -62,6 +62,8 @@ impl From<Response<Bytes>> for Reply {
 pub struct HttpFront {
     /// Shared with every execution it begins.
     front: Arc<Front>,
+    /// The store is `memory:`: no call waits on I/O.
+    memory: bool,
     store: Store,
     /// This process's engine with its completed-record cache (a forked child makes its own).
     cached: Mutex<Option<Cached>>,
@@ -92,12 +94,17 @@ pub struct Keyed {
     keyed: idem_http::Keyed,
     method: Method,
     target: String,
-    headers: HeaderMap,
+    /// The media type, which the fingerprint covers (the only header it does).
+    content_type: Option<String>,
     /// The most of its body to buffer.
     pub max_body: usize,
     /// Whether its route waits for a duplicate in flight, so [`HttpFront::begin`] may block
     /// for that long (a host keeps such calls off a shared thread pool).
     pub waits: bool,
+    /// Whether [`HttpFront::begin`] answers without waiting on anything outside the process
+    /// (a `memory:` store, on a route that does not wait): a host may call it on its event
+    /// loop, where a hop to a thread and back would cost more than the call.
+    pub inline: bool,
 }
 
 impl Keyed {
@@ -127,6 +134,8 @@ pub struct HttpExecution {
     host: Arc<Host>,
     front: Arc<Front>,
     anonymous: bool,
+    /// See [`HttpExecution::inline`].
+    inline: bool,
 }
 
 /// The configuration of `file` (the text of the TOML file `idem serve` reads; `None`: every
@@ -169,6 +178,7 @@ impl HttpFront {
     /// URL fails here and not at the first request).
     pub fn new(config: Config, url: &str) -> Result<Self, EmbedError> {
         Ok(HttpFront {
+            memory: matches!(url.parse(), Ok(idem_stores::StoreUrl::Memory)),
             front: Arc::new(Front::new(config)),
             store: Store::open(url)?,
             cached: Mutex::new(None),
@@ -214,10 +224,14 @@ impl HttpFront {
             Admission::Keyed(keyed) => Admitted::Keyed(Keyed {
                 max_body: self.front.max_body(&keyed),
                 waits: self.front.policy(&keyed).engine.wait.is_some(),
+                inline: self.memory && self.front.policy(&keyed).engine.wait.is_none(),
                 keyed,
+                content_type: map
+                    .get(http::header::CONTENT_TYPE)
+                    .and_then(|v| v.to_str().ok())
+                    .map(str::to_owned),
                 method,
                 target: target.to_owned(),
-                headers: map,
             }),
         }
     }
@@ -243,7 +257,12 @@ impl HttpFront {
     /// duplicate in flight), or answers what the store holds. Never an error: a store that
     /// cannot be used is `store-unavailable`, and the handler does not run.
     pub fn begin(&self, keyed: Keyed, body: &[u8]) -> Begun {
-        let fingerprint = Front::fingerprint(&keyed.method, &keyed.target, &keyed.headers, body);
+        let fingerprint = idem_core::Fingerprint::http(
+            keyed.method.as_str(),
+            &keyed.target,
+            keyed.content_type.as_deref(),
+            body,
+        );
         let (host, engine) = match self.engine() {
             Ok(pair) => pair,
             Err(e) => {
@@ -264,6 +283,7 @@ impl HttpFront {
                 host,
                 front: self.front.clone(),
                 anonymous: keyed.keyed.anonymous(),
+                inline: self.memory,
             }),
             Ok(EngineBegun::Answered(answer)) => Begun::Reply(
                 self.front
@@ -303,6 +323,12 @@ impl HttpFront {
 }
 
 impl HttpExecution {
+    /// Whether finishing waits on nothing outside the process (a `memory:` store), so a host
+    /// may finish on its event loop.
+    pub fn inline(&self) -> bool {
+        self.inline
+    }
+
     /// The most of the handler's response body to buffer: over it, [`HttpExecution::failed`].
     pub fn max_response(&self) -> usize {
         self.front.config().max_response_bytes

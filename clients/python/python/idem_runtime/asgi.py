@@ -12,7 +12,8 @@ handler does not run.
     app = FastAPI()
     app.add_middleware(IdempotencyMiddleware, config="idem.toml")   # or routes=[...] in code
 
-Store calls run on the event loop's default executor, never on the loop itself. The keyed
+Store calls run on the event loop's default executor, never on the loop itself (a ``memory:``
+store, which waits on nothing, answers on the loop). The keyed
 request's body is buffered (up to the route's ``max_body_bytes``) and handed to the app; its
 response is buffered too (up to ``max_response_bytes``) and sent once it is stored, so a
 streaming response on a keyed route arrives whole. An exception out of the app marks the
@@ -73,7 +74,9 @@ class IdempotencyMiddleware:
         body = await self._body(keyed, receive, send)
         if body is None:
             return
-        begun = await _off_loop(self.front.begin, keyed, body, own_thread=keyed.waits)
+        # A memory: store waits on nothing: its claim runs here, where a hop to a thread
+        # and back would cost more than the claim.
+        begun = self.front.begin(keyed, body) if keyed.inline else await _off_loop(self.front.begin, keyed, body, own_thread=keyed.waits)
         if isinstance(begun, tuple):
             await _reply(send, begun)
             return
@@ -145,6 +148,8 @@ class IdempotencyMiddleware:
             raise
         if status is None or not done or too_large:
             reply = await loop.run_in_executor(None, execution.failed)
+        elif execution.inline:
+            reply = execution.finish(status, headers, b"".join(parts))
         else:
             reply = await loop.run_in_executor(None, execution.finish, status, headers, b"".join(parts))
         await _reply(send, reply)
