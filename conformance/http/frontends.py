@@ -39,6 +39,16 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def ready(port: int, proc: subprocess.Popen, what: str, seconds: float = 60) -> None:
+    """:func:`wait_for`, killing ``proc`` (its whole group) if it does not come up, so a
+    failed start leaves nothing running."""
+    try:
+        wait_for(port, proc, what, seconds)
+    except BaseException:
+        _kill(proc)
+        raise
+
+
 def wait_for(port: int, proc: subprocess.Popen, what: str, seconds: float = 60) -> None:
     """Until the service answers ``GET /v1/charges``: a listening socket is not enough (a
     gunicorn master listens before its worker has imported the app)."""
@@ -108,37 +118,40 @@ class Frontend:
         env = {**os.environ, **self.env, "LEDGER": str(ledger), "IDEM_STORE": store, "PYTHONUNBUFFERED": "1"}
         out = open(log, "ab")
         port = free_port()
-        if not self.gateway:
-            proc = self._spawn(self.argv, {**env, "PORT": str(port), "IDEM_CONFIG": str(config)}, out, port)
-            wait_for(port, proc, self.label)
-            return Running(f"http://127.0.0.1:{port}", proc)
-        up = free_port()
-        behind = self._spawn(self.argv, {**env, "PORT": str(up), "IDEM_CONFIG": "off"}, out, up)
-        wait_for(up, behind, f"{self.label}'s upstream")
-        running = Running(f"http://127.0.0.1:{port}", None, behind, up)
-        running.front = self.start_gateway(config, store, port, up, env, out)
-        return running
+        try:
+            if not self.gateway:
+                proc = self._spawn(self.argv, {**env, "PORT": str(port), "IDEM_CONFIG": str(config)}, out, port)
+                ready(port, proc, self.label)
+                return Running(f"http://127.0.0.1:{port}", proc)
+            up = free_port()
+            behind = self._spawn(self.argv, {**env, "PORT": str(up), "IDEM_CONFIG": "off"}, out, up)
+            ready(up, behind, f"{self.label}'s upstream")
+            running = Running(f"http://127.0.0.1:{port}", None, behind, up)
+            running.front = self.start_gateway(config, store, port, up, env, out)
+            return running
+        finally:
+            out.close()  # the children hold their own descriptors
 
     def start_gateway(self, config, store, port, up, env, out) -> subprocess.Popen:
         argv = [str(idem_binary()), "serve", "--config", str(config), "--store", store,
                 "--listen", f"127.0.0.1:{port}", "--upstream", f"http://127.0.0.1:{up}",
                 "--admin-listen", f"127.0.0.1:{free_port()}"]
         proc = subprocess.Popen(argv, cwd=self.cwd, env={**env, "IDEM_LOG": "warn"}, stdout=out, stderr=out, start_new_session=True)
-        wait_for(port, proc, "idem serve")
+        ready(port, proc, "idem serve")
         return proc
 
     def restart(self, running: Running, config, store, ledger, log) -> Running:
         """After a crash: the front end again, on the same store (behind the gateway, the
         same service)."""
-        out = open(log, "ab")
         port = int(running.base.rsplit(":", 1)[1])
         env = {**os.environ, **self.env, "LEDGER": str(ledger), "IDEM_STORE": store, "PYTHONUNBUFFERED": "1"}
-        if self.gateway:
-            running.front = self.start_gateway(config, store, port, running.behind_port, env, out)
-            return running
-        proc = self._spawn(self.argv, {**env, "PORT": str(port), "IDEM_CONFIG": str(config)}, out, port)
-        wait_for(port, proc, self.label)
-        return Running(running.base, proc)
+        with open(log, "ab") as out:
+            if self.gateway:
+                running.front = self.start_gateway(config, store, port, running.behind_port, env, out)
+                return running
+            proc = self._spawn(self.argv, {**env, "PORT": str(port), "IDEM_CONFIG": str(config)}, out, port)
+            ready(port, proc, self.label)
+            return Running(running.base, proc, running.behind, running.behind_port)
 
     def _spawn(self, argv, env, out, port) -> subprocess.Popen:
         argv = [a.replace("{port}", str(port)) for a in argv]

@@ -163,7 +163,21 @@ def run_frontend(fe: frontends.Frontend, selected: List[cases.Case], work: pathl
                 print(f"  {fe.name} {c.name}: {results[c.name][0]} ({time.monotonic() - started:.1f}s)", file=sys.stderr)
         finally:
             state["running"].stop()
+            if relay is not None:
+                forget_prefix(store)
     return results
+
+
+def forget_prefix(store: str) -> None:
+    """Deletes the relay variant's Redis records (under its fresh prefix) from the shared
+    Redis."""
+    prefix = store.split("prefix=", 1)[1].split("&", 1)[0]
+    try:
+        keys = subprocess.run(["redis-cli", "--scan", "--pattern", f"{prefix}:*"], capture_output=True, text=True, timeout=30).stdout.split()
+        if keys:
+            subprocess.run(["redis-cli", "del", *keys], capture_output=True, timeout=30)
+    except (OSError, subprocess.SubprocessError):
+        pass
 
 
 def table(fes: List[frontends.Frontend], selected: List[cases.Case], results: Dict[str, Dict[str, Tuple[str, str]]]) -> str:
