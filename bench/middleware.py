@@ -3,9 +3,17 @@
 the memory and SQLite stores, under wrk. The CPU is user + system of the service's whole
 process group (a gunicorn master and its worker included, from /proc/PID/stat) divided by the
 requests wrk completed; requests/s is printed beside it for reference only (it moves with
-the shared machine, the CPU per request much less).
+the shared machine, the CPU per request much less). Each row is measured in --rounds rounds,
+interleaved with the other rows of its service (bare, then the middleware's rows, then bare
+again, ...), and the median is printed with the spread, so that a drift of the machine during
+the run moves every row alike instead of one.
 
-    python bench/middleware.py [--seconds 5] [--connections 32] [fastapi express ...]
+    python bench/middleware.py [--seconds 5] [--rounds 3] [--connections 32] [fastapi express ...]
+    python bench/middleware.py --peers [asgi-idempotency-header ...]
+
+--peers measures instead each peer library of bench/compare_peers.py (its own example service,
+on its recommended store, from the peers' venv: --venv) beside idem's middleware on the same
+framework and the same store, new keys and replays, interleaved the same way.
 
 Needs wrk (apt-get install wrk), the Python package with the frameworks
 (clients/python/tests/requirements.txt) in the running interpreter, `npm ci` in
@@ -28,6 +36,19 @@ REPO = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "conformance" / "http"))
 
 import frontends  # noqa: E402
+
+sys.path.insert(0, str(REPO / "bench"))
+
+#: Each peer (bench/compare_peers.py) and idem's front end on its framework, on the peer's
+#: store: memory, sqlite or redis. NestJS runs on Express: idem's Express service is its pair.
+PEER_PAIRS = {
+    "asgi-idempotency-header": ("fastapi", "redis"),
+    "fastapi-idempotency": ("fastapi", "sqlite"),
+    "django-idempotency-key": ("django", "redis"),
+    "flask-idempotent": ("flask", "redis"),
+    "express-idempotency": ("express", "memory"),
+    "node-idempotency-nestjs": ("express", "redis"),
+}
 
 CONFIG = """anonymous = "allow"   # wrk sends no credentials
 [[routes]]
@@ -86,6 +107,7 @@ def wrk(url: str, script: pathlib.Path, seconds: int, connections: int) -> tuple
 
 
 def measure(fe: frontends.Frontend, config: str, store: str, script: pathlib.Path, work: pathlib.Path, seconds: int, connections: int) -> tuple:
+    """One row once: a fresh service process, warmed, then wrk: (CPU µs/request, requests/s, p99, errors)."""
     ledger = work / f"{uuid.uuid4().hex}.jsonl"
     running = fe.start(pathlib.Path(config) if config != "off" else config, store, ledger, work / "service.log")
     try:
@@ -101,33 +123,118 @@ def measure(fe: frontends.Frontend, config: str, store: str, script: pathlib.Pat
         running.stop()
 
 
+def median(xs: list) -> float:
+    s = sorted(xs)
+    return s[len(s) // 2] if len(s) % 2 else (s[len(s) // 2 - 1] + s[len(s) // 2]) / 2
+
+
+def setup(work: pathlib.Path) -> tuple:
+    """The middleware's configuration file and wrk's scripts, written under ``work``."""
+    config = work / "idem.toml"
+    config.write_text(CONFIG)
+    scripts = {}
+    for name, text in (("new", NEW), ("same", SAME.replace("{run}", uuid.uuid4().hex[:8])), ("bare", BARE)):
+        scripts[name] = work / f"{name}.lua"
+        scripts[name].write_text(text)
+    return config, scripts
+
+
+def measured(rows: list, rounds: int, measure_row) -> list:
+    """Every row ``rounds`` times, interleaved; per row (label, store, median CPU, min, max,
+    median requests/s, last p99, last errors)."""
+    got: dict = {i: [] for i in range(len(rows))}
+    for _ in range(rounds):
+        for i, row in enumerate(rows):
+            got[i].append(measure_row(row))
+    out = []
+    for i, row in enumerate(rows):
+        cpus = [g[0] for g in got[i]]
+        out.append((row, median(cpus), min(cpus), max(cpus), median([g[1] for g in got[i]]), got[i][-1][2], got[i][-1][3]))
+    return out
+
+
+def peers_main(args, work: pathlib.Path, config: pathlib.Path, scripts: dict) -> int:
+    import compare_peers
+
+    all_peers = {p.frontend.name: p for p in compare_peers.peers(args.venv)}
+    chosen = args.frontend or list(PEER_PAIRS)
+    unknown = [n for n in chosen if n not in PEER_PAIRS or n not in all_peers]
+    if unknown:
+        print(f"unknown peers: {unknown}", file=sys.stderr)
+        return 2
+    prefix = f"idem-peers-{uuid.uuid4().hex[:8]}"
+    ours = {f.name: f for f in frontends.frontends()}
+
+    def store_of(kind: str, name: str) -> str:
+        if kind == "redis":
+            return f"redis://127.0.0.1:6379/?prefix={prefix}-{name}&durability=volatile"
+        if kind == "sqlite":
+            return f"sqlite:{work / (name + '-' + uuid.uuid4().hex[:6] + '.db')}"
+        return "memory:"
+
+    print("| peer | on | store | requests | peer CPU µs/request (median, min-max) | idem's CPU µs/request | idem ÷ peer | peer requests/s | idem's requests/s |")
+    print("|---|---|---|---|---:|---:|---:|---:|---:|")
+    try:
+        for name in chosen:
+            peer = all_peers[name]
+            peer.frontend.env["PEER_PREFIX"] = prefix
+            ours_name, kind = PEER_PAIRS[name]
+            fe = ours[ours_name]
+            rows = []
+            for label, script in (("new keys", "new"), ("replays", "same")):
+                rows += [("peer", label, peer.frontend, "off", script), ("idem", label, fe, str(config), script)]
+
+            def one(row):
+                who, _, front, cfg, script = row
+                return measure(front, cfg, store_of(kind, front.name), scripts[script], work, args.seconds, args.connections)
+
+            got = measured(rows, args.rounds, one)
+            for j in range(0, len(got), 2):
+                (p_row, p_cpu, p_lo, p_hi, p_rps, _, p_err), (_, i_cpu, i_lo, i_hi, i_rps, _, i_err) = got[j], got[j + 1]
+                notes = "; ".join(f"{who}: {e}" for who, e in (("peer", p_err), ("idem", i_err)) if e)
+                print(f"| {name} | {peer.frontend.label} | {kind} | {p_row[1]} | {p_cpu:.0f} ({p_lo:.0f}-{p_hi:.0f}) | "
+                      f"{i_cpu:.0f} ({i_lo:.0f}-{i_hi:.0f}) | {i_cpu / p_cpu:.2f} | {p_rps:.0f} | {i_rps:.0f} |"
+                      f"{' ' + notes if notes else ''}", flush=True)
+    finally:
+        compare_peers.forget(prefix, args.venv)
+    return 0
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("frontend", nargs="*", help="front ends (default: the middleware ones)")
+    ap.add_argument("frontend", nargs="*", help="front ends (default: the middleware ones), or peers with --peers")
     ap.add_argument("--seconds", type=int, default=5)
     ap.add_argument("--connections", type=int, default=32)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--peers", action="store_true", help="measure the peer libraries beside idem on their stores")
+    ap.add_argument("--venv", type=pathlib.Path, default=pathlib.Path(os.environ.get("PEERS_VENV", "/tmp/peers-venv")),
+                    help="with --peers: the virtualenv holding bench/peers/python/requirements.txt")
     args = ap.parse_args()
-    chosen = args.frontend or ["fastapi", "flask", "django", "express", "fastify", "hono"]
+    if args.peers:
+        with tempfile.TemporaryDirectory(prefix="idem-bench-peers-") as tmp:
+            work = pathlib.Path(tmp)
+            config, scripts = setup(work)
+            print(f"wrk -t2 -c{args.connections} -d{args.seconds}s, {os.cpu_count()} cores, {args.rounds} rounds, "
+                  f"{time.strftime('%Y-%m-%dT%H:%MZ', time.gmtime())}")
+            print()
+            return peers_main(args, work, config, scripts)
+    chosen = args.frontend or ["fastapi", "litestar", "flask", "django", "express", "fastify", "hono"]
     fes = [f for f in frontends.frontends() if f.name in chosen and not f.gateway]
     with tempfile.TemporaryDirectory(prefix="idem-bench-mw-") as tmp:
         work = pathlib.Path(tmp)
-        config = work / "idem.toml"
-        config.write_text(CONFIG)
-        scripts = {}
-        for name, text in (("new", NEW), ("same", SAME.replace("{run}", uuid.uuid4().hex[:8])), ("bare", BARE)):
-            scripts[name] = work / f"{name}.lua"
-            scripts[name].write_text(text)
+        config, scripts = setup(work)
         print(f"wrk -t2 -c{args.connections} -d{args.seconds}s, {os.cpu_count()} cores, {time.strftime('%Y-%m-%dT%H:%MZ', time.gmtime())}")
         print()
-        print("| service | requests | store | CPU µs/request | × bare | requests/s | p99 |")
+        print("| service | requests | store | CPU µs/request (median, min-max) | × bare | requests/s (median) | p99 (last) |")
         print("|---|---|---|---:|---:|---:|---:|")
         for fe in fes:
-            bare, rps, p99, errors = measure(fe, "off", "memory:", scripts["bare"], work, args.seconds, args.connections)
-            print(f"| {fe.label} | bare handler | - | {bare:.0f} | 1.00 | {rps:.0f} | {p99} |{' ' + errors if errors else ''}", flush=True)
+            rows = [("bare handler", "-", "off", "memory:", "bare")]
             for store_name, store in (("memory", "memory:"), ("SQLite", f"sqlite:{work / (fe.name + '.db')}")):
-                for label, script in (("new keys", "new"), ("replays", "same")):
-                    cpu, rps, p99, errors = measure(fe, str(config), store, scripts[script], work, args.seconds, args.connections)
-                    print(f"| {fe.label} | {label} | {store_name} | {cpu:.0f} | {cpu / bare:.2f} | {rps:.0f} | {p99} |{' ' + errors if errors else ''}", flush=True)
+                rows += [("new keys", store_name, str(config), store, "new"), ("replays", store_name, str(config), store, "same")]
+            got = measured(rows, args.rounds, lambda r: measure(fe, r[2], r[3], scripts[r[4]], work, args.seconds, args.connections))
+            bare = got[0][1]
+            for (label, store_name, *_), cpu, lo, hi, rps, p99, errors in got:
+                print(f"| {fe.label} | {label} | {store_name} | {cpu:.0f} ({lo:.0f}-{hi:.0f}) | {cpu / bare:.2f} | {rps:.0f} | {p99} |{' ' + errors if errors else ''}", flush=True)
     return 0
 
 

@@ -13,7 +13,7 @@
 // stored. Store calls run off the event loop. A response Express makes of a thrown error (its
 // 500 page) is a response, and is kept; a response that never completes (the process dies)
 // leaves the key abandoned, never released.
-import { openFront, fromNodeHeaders, nodeHeaders, bodyRefusal, begin, finish, readNodeBody } from "./http.js";
+import { openFront, fromNodeHeaders, joinRaw, nodeHeaders, bodyRefusal, begin, finish, readNodeBody } from "./http.js";
 import { ConfigurationError } from "./errors.js";
 
 /** Resolves to the middleware; rejects at once on a bad setting or a store that cannot be opened. */
@@ -25,76 +25,89 @@ export async function idempotency(options = {}) {
 }
 
 async function handle(front, req, res, next) {
-  const admission = front.admit(req.method, req.originalUrl ?? req.url, req.rawHeaders);
+  const admission = front.admit(req.method, req.originalUrl ?? req.url, joinRaw(req.rawHeaders));
   if (admission.kind === "pass") return next();
-  if (admission.kind === "reply") return send(res, admission.reply());
+  if (admission.kind === "reply") return send(res, admission.reply);
   if (req._body || req.readableEnded) {
     throw new ConfigurationError(
       "idempotency() must come before body parsers (express.json(), multer, ...): this request's body was already read, so it cannot be fingerprinted",
     );
   }
-  const declared = req.headers["content-length"];
-  const tooLong = admission.declared(declared === undefined ? null : Number(declared));
-  if (tooLong) return send(res, tooLong);
   const outcome = await readNodeBody(req, admission.maxBody, front.bodyReadMs);
   if (outcome.gone) return;
-  if (!outcome.body) return send(res, bodyRefusal(admission, front, outcome));
-  const execution = await begin(admission, outcome.body);
-  if (execution.reply) return send(res, execution.reply);
-  capture(res, execution);
+  if (!outcome.body) return send(res, bodyRefusal(admission.keyed, front, outcome));
+  const begun = await begin(admission, outcome.body);
+  if (begun.reply) return send(res, begun.reply);
+  capture(res, begun);
   next();
 }
 
+/** Where a response being held keeps its state (see `hold`). */
+const held = Symbol("idem.held");
+
 /**
  * Holds the handler's response: nothing reaches the socket until it is stored. `writeHead`,
- * `write` and `end` are taken over; at `end` the response is kept and what the core says
- * (the response, with its per-caller headers in the anonymous scope) is sent.
+ * `write` and `end` are taken over, on the response's prototype (Express's per-app
+ * `app.response`), once: a response marked `held` buffers, any other goes on as before.
+ * Overriding them on each response object instead gave every response a shape of its own,
+ * and the property lookups of Node's and Express's code on it went megamorphic: a new key
+ * cost twice the bare handler's CPU, nearly all of it in V8's inline-cache misses.
  */
-function capture(res, execution) {
-  const original = { writeHead: res.writeHead, write: res.write, end: res.end };
-  const chunks = [];
-  let size = 0;
-  let tooLarge = false;
-  const limit = execution.maxResponse;
-  const add = (chunk, encoding) => {
-    if (chunk === undefined || chunk === null || typeof chunk === "function") return;
-    const b = Buffer.isBuffer(chunk) ? chunk : Buffer.from(chunk, typeof encoding === "string" ? encoding : "utf8");
-    size += b.length;
-    if (size > limit) tooLarge = true;
-    else chunks.push(b);
-  };
-  res.writeHead = function writeHead(status, message, headers) {
-    res.statusCode = status;
+function capture(res, begun) {
+  patch(Object.getPrototypeOf(res));
+  res[held] = { begun, chunks: [], size: 0, tooLarge: false, limit: begun.maxResponse };
+}
+
+function patch(proto) {
+  if (Object.prototype.hasOwnProperty.call(proto, held)) return;
+  const { writeHead, write, end } = proto;
+  Object.defineProperty(proto, held, { value: null, writable: true });
+  proto.writeHead = function (status, message, headers) {
+    if (!this[held]) return writeHead.apply(this, arguments);
+    this.statusCode = status;
     const given = typeof message === "object" ? message : headers;
     if (Array.isArray(given)) {
-      for (let i = 0; i + 1 < given.length; i += 2) res.setHeader(given[i], given[i + 1]);
+      for (let i = 0; i + 1 < given.length; i += 2) this.setHeader(given[i], given[i + 1]);
     } else if (given) {
-      for (const [name, value] of Object.entries(given)) res.setHeader(name, value);
+      for (const [name, value] of Object.entries(given)) this.setHeader(name, value);
     }
-    return res;
+    return this;
   };
-  res.write = function write(chunk, encoding, cb) {
-    add(chunk, encoding);
+  proto.write = function (chunk, encoding, cb) {
+    const h = this[held];
+    if (!h) return write.apply(this, arguments);
+    add(h, chunk, encoding);
     if (typeof encoding === "function") encoding();
     else if (typeof cb === "function") cb();
     return true;
   };
-  res.end = function end(chunk, encoding, cb) {
-    add(chunk, encoding);
-    Object.assign(res, original);
+  proto.end = function (chunk, encoding, cb) {
+    const h = this[held];
+    if (!h) return end.apply(this, arguments);
+    add(h, chunk, encoding);
+    this[held] = null;
     const done = typeof chunk === "function" ? chunk : typeof encoding === "function" ? encoding : cb;
-    const kept = tooLarge
-      ? execution.failed()
-      : finish(execution, res.statusCode, fromNodeHeaders(res.getHeaders()), chunks.length === 1 ? chunks[0] : Buffer.concat(chunks));
+    const body = h.chunks.length === 1 ? h.chunks[0] : Buffer.concat(h.chunks);
+    const kept = h.tooLarge
+      ? h.begun.execution.failed()
+      : finish(h.begun, this.statusCode, fromNodeHeaders(this.getHeaders()), body);
     Promise.resolve(kept).then(
       (reply) => {
-        for (const name of res.getHeaderNames()) res.removeHeader(name);
-        send(res, reply, done);
+        for (const name of this.getHeaderNames()) this.removeHeader(name);
+        send(this, reply, done);
       },
-      (e) => res.destroy(e),
+      (e) => this.destroy(e),
     );
-    return res;
+    return this;
   };
+}
+
+function add(h, chunk, encoding) {
+  if (chunk === undefined || chunk === null || typeof chunk === "function") return;
+  const b = Buffer.isBuffer(chunk) ? chunk : Buffer.from(chunk, typeof encoding === "string" ? encoding : "utf8");
+  h.size += b.length;
+  if (h.size > h.limit) h.tooLarge = true;
+  else h.chunks.push(b);
 }
 
 function send(res, reply, done) {

@@ -13,7 +13,7 @@
 // they are responses) and sends what the core says. Store calls run off the event loop.
 import { Readable } from "node:stream";
 
-import { openFront, fromNodeHeaders, pairsOf, readStream, bodyRefusal, begin, finish } from "./http.js";
+import { openFront, fromNodeHeaders, joinRaw, pairsOf, readStream, bodyRefusal, begin, finish } from "./http.js";
 
 const state = Symbol("idem");
 
@@ -21,11 +21,11 @@ const state = Symbol("idem");
 export async function idempotency(fastify, options = {}) {
   const front = await openFront(options);
   fastify.addHook("onRequest", async (request, reply) => {
-    const admission = front.admit(request.raw.method, request.raw.url, request.raw.rawHeaders);
+    const admission = front.admit(request.raw.method, request.raw.url, joinRaw(request.raw.rawHeaders));
     if (admission.kind === "pass") return;
     if (admission.kind === "reply") {
       request[state] = { answered: true };
-      return respond(reply, admission.reply());
+      return respond(reply, admission.reply);
     }
     request[state] = { admission };
   });
@@ -33,27 +33,24 @@ export async function idempotency(fastify, options = {}) {
     const s = request[state];
     if (!s?.admission) return payload;
     const { admission } = s;
-    const declared = request.headers["content-length"];
-    const tooLong = admission.declared(declared === undefined ? null : Number(declared));
-    if (tooLong) return answer(request, reply, tooLong);
     const outcome = await readStream(payload, admission.maxBody, front.bodyReadMs);
-    if (!outcome.body) return answer(request, reply, bodyRefusal(admission, front, outcome));
-    const execution = await begin(admission, outcome.body);
-    if (execution.reply) return answer(request, reply, execution.reply);
-    s.execution = execution;
+    if (!outcome.body) return answer(request, reply, bodyRefusal(admission.keyed, front, outcome));
+    const begun = await begin(admission, outcome.body);
+    if (begun.reply) return answer(request, reply, begun.reply);
+    s.begun = begun;
     const again = Readable.from(outcome.body.length > 0 ? [outcome.body] : []);
     again.receivedEncodedLength = outcome.body.length;
     return again;
   });
   fastify.addHook("onSend", async (request, reply, payload) => {
     const s = request[state];
-    if (!s?.execution) return payload;
-    const execution = s.execution;
-    s.execution = null;
-    const body = await bytesOf(payload, execution.maxResponse);
+    if (!s?.begun) return payload;
+    const begun = s.begun;
+    s.begun = null;
+    const body = await bytesOf(payload, begun.maxResponse);
     const kept = body
-      ? await finish(execution, reply.statusCode, fromNodeHeaders(reply.getHeaders()), body)
-      : await execution.failed();
+      ? await finish(begun, reply.statusCode, fromNodeHeaders(reply.getHeaders()), body)
+      : await begun.execution.failed();
     reply.removeHeader("content-length");
     for (const name of Object.keys(reply.getHeaders())) reply.removeHeader(name);
     reply.code(kept.status);

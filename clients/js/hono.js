@@ -12,7 +12,7 @@
 // `c.env.incoming`), else the URL's path and query. A keyed request's body is buffered and the
 // handler gets a Request with the same bytes; its Response is buffered, kept, and replaced by
 // what the core says. Hono's own error responses (onError, its 500) are responses, and kept.
-import { openFront, flatHeaders, pairsOf, bodyRefusal, begin, finish, readNodeBody } from "./http.js";
+import { openFront, joinHeaders, joinRaw, pairsOf, bodyRefusal, begin, finish, readNodeBody } from "./http.js";
 
 /** Resolves to the middleware; rejects at once on a bad setting or a store that cannot be opened. */
 export async function idempotency(options = {}) {
@@ -27,26 +27,23 @@ export async function idempotency(options = {}) {
     let headers;
     if (incoming) {
       target = incoming.url;
-      headers = incoming.rawHeaders;
+      headers = joinRaw(incoming.rawHeaders);
     } else {
       const url = new URL(raw.url);
       target = url.pathname + url.search;
-      headers = flatHeaders(raw.headers);
+      headers = joinHeaders(raw.headers);
     }
     const admission = front.admit(raw.method, target, headers);
     if (admission.kind === "pass") return next();
-    if (admission.kind === "reply") return response(admission.reply());
-    const declared = incoming ? incoming.headers["content-length"] : raw.headers.get("content-length");
-    const tooLong = admission.declared(declared === undefined || declared === null ? null : Number(declared));
-    if (tooLong) return response(tooLong);
+    if (admission.kind === "reply") return response(admission.reply);
     const outcome = incoming
       ? await readNodeBody(incoming, admission.maxBody, front.bodyReadMs, { putBack: false })
       : await readBody(raw.body, admission.maxBody, front.bodyReadMs);
     if (outcome.gone) return response({ status: 400, headers: [], body: Buffer.alloc(0) });
-    if (!outcome.body) return response(bodyRefusal(admission, front, outcome));
+    if (!outcome.body) return response(bodyRefusal(admission.keyed, front, outcome));
     const body = Buffer.isBuffer(outcome.body) ? outcome.body : Buffer.from(outcome.body);
-    const execution = await begin(admission, body);
-    if (execution.reply) return response(execution.reply);
+    const begun = await begin(admission, body);
+    if (begun.reply) return response(begun.reply);
     if (incoming) {
       incoming.rawBody = body;
     } else {
@@ -59,7 +56,7 @@ export async function idempotency(options = {}) {
     }
     await next();
     const res = c.res;
-    const limit = execution.maxResponse;
+    const limit = begun.maxResponse;
     const declaredOut = Number(res.headers.get("content-length") ?? NaN);
     // A declared length within the bound is read whole (the fast path of a body made in
     // memory); anything else through a bounded reader.
@@ -70,8 +67,8 @@ export async function idempotency(options = {}) {
           ? await readBody(res.body, limit, 0)
           : { body: new Uint8Array(0) };
     const kept = read.body
-      ? await finish(execution, res.status, flatHeaders(res.headers), Buffer.from(read.body.buffer, read.body.byteOffset, read.body.length))
-      : await execution.failed();
+      ? await finish(begun, res.status, joinHeaders(res.headers), Buffer.from(read.body.buffer, read.body.byteOffset, read.body.length))
+      : await begun.execution.failed();
     c.res = undefined;
     c.res = response(kept);
   };

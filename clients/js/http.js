@@ -22,11 +22,14 @@ export async function openFront(options = {}) {
     file = readFileSync(config, "utf8");
   }
   const given = Object.keys(settings).length > 0 ? JSON.stringify(snake(settings)) : null;
+  let native_;
   try {
-    return await native.openHttpFront(file, given, store ?? process.env.IDEM_STORE ?? null);
+    native_ = await native.openHttpFront(file, given, store ?? process.env.IDEM_STORE ?? null);
   } catch (e) {
     throw fromNative(e);
   }
+  // Read once: a getter is a call into the native module.
+  return { admit: native_.admit.bind(native_), bodyReadMs: native_.bodyReadMs ?? 0, store: native_.store };
 }
 
 /** Settings as the file writes them: camelCase names in snake_case (`scopeHeaders`). */
@@ -44,40 +47,52 @@ function snake(value) {
   return value;
 }
 
-/** Header values as the core takes them: strings of one byte per character. */
-export function flatHeaders(pairs) {
+// Headers cross to the core as one string, `name\nvalue\nname\nvalue` (no field name or
+// value may hold a line feed: HTTP forbids it, Node refuses it), each value one byte per
+// character (Node's own decoding of header bytes), so no byte is reinterpreted; one string
+// crosses where an array of them cost a crossing per element.
+
+/** `[name, value]` pairs (a `Headers`, Object.entries of `getHeaders()`) as the core takes them. */
+export function joinHeaders(pairs) {
   const out = [];
   for (const [name, value] of pairs) {
-    for (const v of Array.isArray(value) ? value : [value]) {
-      if (v === undefined || v === null) continue;
-      out.push(String(name).toLowerCase(), String(v));
+    if (Array.isArray(value)) {
+      for (const v of value) out.push(name, String(v));
+    } else if (value !== undefined && value !== null) {
+      out.push(name, String(value));
     }
   }
-  return out;
+  return out.join("\n");
 }
 
-/** A flat [name, value, ...] array as [[name, value], ...]. */
-export function pairsOf(flat) {
+/** Node's `rawHeaders` as the core takes them. */
+export const joinRaw = (raw) => raw.join("\n");
+
+/** A reply's headers as `[[name, value], ...]`. */
+export function pairsOf(joined) {
   const out = [];
-  for (let i = 0; i + 1 < flat.length; i += 2) out.push([flat[i], flat[i + 1]]);
+  if (!joined) return out;
+  const parts = joined.split("\n");
+  for (let i = 0; i + 1 < parts.length; i += 2) out.push([parts[i], parts[i + 1]]);
   return out;
 }
 
-/** A reply's headers as an object for Node's `writeHead`, with its Content-Length. */
+/** A reply's headers as a flat array for Node's `writeHead` (repeated names kept), with its Content-Length. */
 export function nodeHeaders(reply) {
-  const headers = {};
-  for (const [name, value] of pairsOf(reply.headers)) {
-    if (name === "content-length") continue;
-    if (headers[name] === undefined) headers[name] = value;
-    else headers[name] = [].concat(headers[name], value);
+  const out = reply.headers ? reply.headers.split("\n") : [];
+  for (let i = 0; i + 1 < out.length; i += 2) {
+    if (out[i] === "content-length") {
+      out.splice(i, 2);
+      i -= 2;
+    }
   }
-  headers["content-length"] = String(reply.body.length);
-  return headers;
+  out.push("content-length", String(reply.body.length));
+  return out;
 }
 
-/** Node's `getHeaders()` (values strings, numbers or arrays) as a flat array. */
+/** Node's `getHeaders()` (values strings, numbers or arrays) as the core takes them. */
 export function fromNodeHeaders(object) {
-  return flatHeaders(Object.entries(object));
+  return joinHeaders(Object.entries(object));
 }
 
 /** Reads a Node stream into a Buffer of at most `max` bytes, within `ms`. */
@@ -107,21 +122,27 @@ export function readStream(stream, max, ms) {
   });
 }
 
-/** The reply to a body that could not be buffered. */
-export function bodyRefusal(admission, front, outcome) {
-  if (outcome.tooLarge) return admission.bodyFailed("too_large");
-  if (outcome.timeout) return admission.bodyFailed("timeout", null, front.bodyReadMs ?? 0);
-  return admission.bodyFailed("unreadable", String(outcome.error?.message ?? outcome.error));
+/** The reply to a body that could not be buffered (`keyed`: an admission's). */
+export function bodyRefusal(keyed, front, outcome) {
+  if (outcome.tooLarge) return keyed.bodyFailed("too_large");
+  if (outcome.timeout) return keyed.bodyFailed("timeout", null, front.bodyReadMs);
+  return keyed.bodyFailed("unreadable", String(outcome.error?.message ?? outcome.error));
 }
 
-/** Claims a keyed request's key: on this thread for an inline one (a memory: store, a route that does not wait), else off the event loop. */
+/**
+ * Claims a keyed request's key: on this thread for an inline one (a memory: store, a route
+ * that does not wait), else off the event loop unless the completed-record cache holds the
+ * replay. Resolves to { reply } (send it) or { execution, maxResponse, inline }.
+ */
 export function begin(admission, body) {
-  return admission.inline ? admission.beginNow(body) : admission.begin(body);
+  if (admission.inline) return admission.keyed.beginNow(body);
+  const reply = admission.keyed.replay(body);
+  return reply ? { reply } : admission.keyed.begin(body);
 }
 
-/** Keeps the handler's response: on this thread for a memory: store, else off the event loop. */
-export function finish(execution, status, headers, body) {
-  return execution.inline ? execution.finishNow(status, headers, body) : execution.finish(status, headers, body);
+/** Keeps the handler's response (`begun`: what `begin` answered): on this thread for a memory: store, else off the event loop. */
+export function finish(begun, status, headers, body) {
+  return begun.inline ? begun.execution.finishNow(status, headers, body) : begun.execution.finish(status, headers, body);
 }
 
 /**

@@ -11,7 +11,7 @@ use napi::bindgen_prelude::{AsyncTask, Buffer, Either, Object, ToNapiValue, Type
 use napi::{Env, Task};
 use napi_derive::napi;
 
-use idem_embed::http::{Admitted, Begun, HttpExecution as Execution, Keyed, Reply};
+use idem_embed::http::{Admitted, Begun as EmbedBegun, HttpExecution as Execution, Keyed, Reply};
 use idem_http::BodyError;
 
 use crate::{embed_error, js_error, on_own_thread};
@@ -21,8 +21,8 @@ use crate::{embed_error, js_error, on_own_thread};
 pub struct HttpReply {
     /// The status.
     pub status: u32,
-    /// The headers, flat: `[name, value, ...]`, names in lower case.
-    pub headers: Vec<String>,
+    /// The headers, names in lower case, as `name\nvalue\nname\nvalue` (as `pairs` reads them).
+    pub headers: String,
     /// The body.
     pub body: Buffer,
 }
@@ -43,38 +43,51 @@ fn latin1(bytes: &[u8]) -> String {
 
 impl From<Reply> for HttpReply {
     fn from(r: Reply) -> Self {
+        let mut headers = String::new();
+        for (i, (name, value)) in r.headers.iter().enumerate() {
+            if i > 0 {
+                headers.push('\n');
+            }
+            headers.push_str(name);
+            headers.push('\n');
+            headers.push_str(&latin1(value));
+        }
         HttpReply {
             status: u32::from(r.status),
-            headers: r
-                .headers
-                .into_iter()
-                .flat_map(|(n, v)| [n, latin1(&v)])
-                .collect(),
+            headers,
             body: r.body.into(),
         }
     }
 }
 
-/// Flat `[name, value, ...]` headers as pairs; a character beyond one byte is refused.
-fn pairs(flat: &[String]) -> napi::Result<Vec<(String, Vec<u8>)>> {
-    flat.chunks(2)
-        .map(|pair| match pair {
-            [name, value] => {
-                let bytes = value
-                    .chars()
-                    .map(|c| u8::try_from(u32::from(c)))
-                    .collect::<Result<Vec<u8>, _>>()
-                    .map_err(|_| {
-                        js_error(
-                            "invalid",
-                            format!("the header {name:?} holds a character beyond one byte"),
-                        )
-                    })?;
-                Ok((name.to_ascii_lowercase(), bytes))
-            }
-            _ => Err(js_error("invalid", "headers come in name, value pairs")),
-        })
-        .collect()
+/// Headers as they cross: one string, `name\nvalue\nname\nvalue` (Node's `rawHeaders`
+/// joined with `\n`, which no field name or value may hold: HTTP forbids CR and LF in them,
+/// and Node refuses both), each value one byte per character, so no byte is reinterpreted.
+/// One string crosses the boundary where an array of them cost a crossing per element. A
+/// character beyond one byte is refused.
+fn pairs(joined: &str) -> napi::Result<Vec<(String, Vec<u8>)>> {
+    if joined.is_empty() {
+        return Ok(Vec::new());
+    }
+    let mut parts = joined.split('\n');
+    let mut out = Vec::new();
+    while let Some(name) = parts.next() {
+        let Some(value) = parts.next() else {
+            return Err(js_error("invalid", "headers come in name, value pairs"));
+        };
+        let bytes = value
+            .chars()
+            .map(|c| u8::try_from(u32::from(c)))
+            .collect::<Result<Vec<u8>, _>>()
+            .map_err(|_| {
+                js_error(
+                    "invalid",
+                    format!("the header {name:?} holds a character beyond one byte"),
+                )
+            })?;
+        out.push((name.to_ascii_lowercase(), bytes));
+    }
+    Ok(out)
 }
 
 /// The HTTP core over one configuration and store.
@@ -149,116 +162,103 @@ impl HttpFront {
             .map(|d| d.as_secs_f64() * 1000.0)
     }
 
-    /// What a request gets before its body is read (no I/O: on the event loop).
+    /// What a request gets before its body is read (no I/O: on the event loop), as a plain
+    /// object, so the adapter reads every field without a further call into the module.
     #[napi]
     pub fn admit(
         &self,
         method: String,
         target: String,
-        headers: Vec<String>,
-    ) -> napi::Result<HttpAdmission> {
-        let admitted = self.inner.admit(&method, &target, &pairs(&headers)?);
-        Ok(HttpAdmission {
-            front: self.inner.clone(),
-            admitted: Mutex::new(Some(admitted)),
-        })
+        headers: String,
+    ) -> napi::Result<Admission> {
+        Ok(
+            match self.inner.admit(&method, &target, &pairs(&headers)?) {
+                Admitted::Pass => Admission {
+                    kind: "pass".into(),
+                    ..Admission::default()
+                },
+                Admitted::Reply(r) => Admission {
+                    kind: "reply".into(),
+                    reply: Some(r.into()),
+                    ..Admission::default()
+                },
+                Admitted::Keyed(k) => Admission {
+                    kind: "keyed".into(),
+                    // Bounds of a few MiB: exact as a double.
+                    #[allow(clippy::cast_precision_loss)]
+                    max_body: k.max_body as f64,
+                    inline: k.inline,
+                    keyed: Some(HttpKeyed {
+                        front: self.inner.clone(),
+                        keyed: Mutex::new(Some(k)),
+                    }),
+                    reply: None,
+                },
+            },
+        )
     }
 }
 
-/// A request admitted: pass, a reply, or keyed.
+/// What `admit` came to.
+#[napi(object, object_from_js = false)]
+#[derive(Debug, Default)]
+pub struct Admission {
+    /// `pass` (hand the request on), `reply` (send `reply`), or `keyed` (buffer the body, at
+    /// most `maxBody` bytes, then `keyed.begin`, or `keyed.beginNow` when `inline`).
+    pub kind: String,
+    /// The reply of a request refused before its body was read.
+    pub reply: Option<HttpReply>,
+    /// The keyed request.
+    pub keyed: Option<HttpKeyed>,
+    /// The most of a keyed request's body to buffer.
+    pub max_body: f64,
+    /// Whether `keyed.beginNow` may be called: a `memory:` store on a route that does not
+    /// wait, whose claim waits on nothing (a hop to libuv's pool would cost more than it).
+    pub inline: bool,
+}
+
+/// A keyed request admitted, to begin once.
 #[napi]
 #[derive(Debug)]
-pub struct HttpAdmission {
+pub struct HttpKeyed {
     front: Arc<idem_embed::http::HttpFront>,
-    admitted: Mutex<Option<Admitted>>,
+    keyed: Mutex<Option<Keyed>>,
 }
 
-impl HttpAdmission {
-    /// `f` of the keyed request, borrowed.
-    fn with_keyed<T>(&self, f: impl FnOnce(&Keyed) -> T) -> napi::Result<T> {
-        match &*self.admitted.lock().unwrap_or_else(PoisonError::into_inner) {
-            Some(Admitted::Keyed(k)) => Ok(f(k)),
-            _ => Err(js_error("invalid", "this request is not a keyed one")),
-        }
-    }
-
-    /// The keyed request, taken: it begins once.
-    fn take_keyed(&self) -> napi::Result<Keyed> {
-        let mut admitted = self.admitted.lock().unwrap_or_else(PoisonError::into_inner);
-        match admitted.take() {
-            Some(Admitted::Keyed(k)) => Ok(k),
-            other => {
-                *admitted = other;
-                Err(js_error(
-                    "invalid",
-                    "this request is not a keyed one, or it has begun",
-                ))
-            }
-        }
+impl HttpKeyed {
+    fn take(&self) -> napi::Result<Keyed> {
+        self.keyed
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take()
+            .ok_or_else(|| js_error("invalid", "this request has begun, or was refused"))
     }
 }
 
 #[napi]
-impl HttpAdmission {
-    /// `pass` (hand the request on), `reply` (send `reply()`), or `keyed` (buffer the body,
-    /// at most `maxBody` bytes, and `begin`).
-    #[napi(getter)]
-    pub fn kind(&self) -> &'static str {
-        match &*self.admitted.lock().unwrap_or_else(PoisonError::into_inner) {
-            Some(Admitted::Pass) | None => "pass",
-            Some(Admitted::Reply(_)) => "reply",
-            Some(Admitted::Keyed(_)) => "keyed",
-        }
-    }
-
-    /// The reply of a request refused before its body was read.
-    #[napi]
-    pub fn reply(&self) -> Option<HttpReply> {
-        match &*self.admitted.lock().unwrap_or_else(PoisonError::into_inner) {
-            Some(Admitted::Reply(r)) => Some(r.clone().into()),
-            _ => None,
-        }
-    }
-
-    /// Whether `beginNow` may be called: a `memory:` store on a route that does not wait,
-    /// whose claim waits on nothing (a hop to libuv's pool would cost more than the call).
-    #[napi(getter)]
-    pub fn inline(&self) -> bool {
-        self.with_keyed(|k| k.inline).unwrap_or(false)
-    }
-
+impl HttpKeyed {
     /// As `begin`, on this thread, for an `inline` request.
     #[napi]
-    pub fn begin_now(&self, body: Buffer) -> napi::Result<HttpExecution> {
-        if !self.inline() {
+    pub fn begin_now(&self, body: Buffer) -> napi::Result<Begun> {
+        let keyed = self.take()?;
+        if !keyed.inline {
             return Err(js_error(
                 "invalid",
                 "beginNow is for inline requests; use begin",
             ));
         }
-        let keyed = self.take_keyed()?;
-        Ok(HttpExecution::of(self.front.begin(keyed, &body)))
+        Ok(Begun::of(self.front.begin(keyed, &body)))
     }
 
-    /// The most of a keyed request's body to buffer.
-    #[napi(getter)]
-    pub fn max_body(&self) -> napi::Result<f64> {
-        // Bounds of a few MiB: exact as a double.
-        #[allow(clippy::cast_precision_loss)]
-        self.with_keyed(|k| k.max_body as f64)
-    }
-
-    /// The refusal of a declared length (`content-length`) over the bound, or `null`.
+    /// The reply the completed-record cache holds for this request (a replay, or
+    /// `key-reused`), or `null` (then `begin`): no I/O, so it is asked on the event loop
+    /// before `begin` goes to libuv's pool. A reply ends this request: it cannot begin.
     #[napi]
-    pub fn declared(&self, length: Option<f64>) -> napi::Result<Option<HttpReply>> {
-        let length = length.filter(|l| *l >= 0.0).map(|l| {
-            // A header's digits, parsed by JavaScript: whole and non-negative.
-            #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
-            {
-                l as u64
-            }
-        });
-        self.with_keyed(|keyed| self.front.declared(keyed, length).map(HttpReply::from))
+    pub fn replay(&self, body: Buffer) -> Option<HttpReply> {
+        let mut slot = self.keyed.lock().unwrap_or_else(PoisonError::into_inner);
+        let reply = self.front.replay(slot.as_ref()?, &body)?;
+        *slot = None;
+        Some(reply.into())
     }
 
     /// The refusal of a body that could not be buffered: `kind` is `too_large`,
@@ -278,27 +278,60 @@ impl HttpAdmission {
             ),
             _ => BodyError::Unreadable(detail.unwrap_or_default()),
         };
-        self.with_keyed(|keyed| self.front.body_failed(keyed, &error).into())
+        let keyed = self.take()?;
+        Ok(self.front.body_failed(&keyed, &error).into())
     }
 
-    /// Claims the key with the buffered body: resolves to an `HttpExecution` whose `reply`
-    /// is set when there is nothing to run (a replay, a refusal), off the event loop.
-    #[napi(ts_return_type = "Promise<HttpExecution>")]
+    /// Claims the key with the buffered body, off the event loop: resolves to `Begun`.
+    #[napi(ts_return_type = "Promise<Begun>")]
     pub fn begin<'env>(
         &self,
         env: &'env Env,
         body: Buffer,
-    ) -> napi::Result<Either<AsyncTask<Run<HttpExecution>>, Object<'env>>> {
-        let keyed = self.take_keyed()?;
+    ) -> napi::Result<Either<AsyncTask<Run<Begun>>, Object<'env>>> {
+        let keyed = self.take()?;
         let waits = keyed.waits;
         let front = self.front.clone();
         let body = body.to_vec();
-        let work = move || Ok(HttpExecution::of(front.begin(keyed, &body)));
+        let work = move || Ok(Begun::of(front.begin(keyed, &body)));
         if waits {
             // A wait must not hold a thread of libuv's pool (see `on_own_thread`).
             on_own_thread(env, work, Ok).map(Either::B)
         } else {
             Ok(Either::A(on_pool(Box::new(work))))
+        }
+    }
+}
+
+/// What `begin` came to: a reply to send (a replay, a refusal), or the execution to finish.
+#[napi(object, object_from_js = false)]
+#[derive(Debug, Default)]
+pub struct Begun {
+    /// Set when the handler must not run: send it.
+    pub reply: Option<HttpReply>,
+    /// Set when the handler runs: finish it once.
+    pub execution: Option<HttpExecution>,
+    /// The most of the handler's response to buffer.
+    pub max_response: f64,
+    /// Whether `execution.finishNow` may be called (a `memory:` store).
+    pub inline: bool,
+}
+
+impl Begun {
+    fn of(begun: EmbedBegun) -> Self {
+        match begun {
+            EmbedBegun::Execute(e) => Begun {
+                // Bounds of at most a few GiB: exact as a double.
+                #[allow(clippy::cast_precision_loss)]
+                max_response: e.max_response() as f64,
+                inline: e.inline(),
+                execution: Some(HttpExecution(Mutex::new(Some(e)))),
+                reply: None,
+            },
+            EmbedBegun::Reply(r) => Begun {
+                reply: Some(r.into()),
+                ..Begun::default()
+            },
         }
     }
 }
@@ -341,90 +374,42 @@ where
     }
 }
 
-/// A keyed request after `begin`: a reply to send, or the claimed key to finish once.
+/// A keyed request whose handler runs: finish it once.
 #[napi]
 #[derive(Debug)]
-pub struct HttpExecution {
-    reply: Option<Reply>,
-    execution: Arc<Mutex<Option<Execution>>>,
-}
+pub struct HttpExecution(Mutex<Option<Execution>>);
 
 impl HttpExecution {
-    fn of(begun: Begun) -> Self {
-        match begun {
-            Begun::Execute(e) => HttpExecution {
-                reply: None,
-                execution: Arc::new(Mutex::new(Some(e))),
-            },
-            Begun::Reply(r) => HttpExecution {
-                reply: Some(r),
-                execution: Arc::default(),
-            },
-        }
-    }
-
     fn take(&self) -> napi::Result<Execution> {
-        self.execution
+        self.0
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .take()
-            .ok_or_else(|| {
-                js_error(
-                    "invalid",
-                    "this execution was already finished, or never began",
-                )
-            })
+            .ok_or_else(|| js_error("invalid", "this execution was already finished"))
     }
 }
 
 #[napi]
 impl HttpExecution {
-    /// Set when the handler must not run: send it.
-    #[napi(getter)]
-    pub fn reply(&self) -> Option<HttpReply> {
-        self.reply.clone().map(HttpReply::from)
-    }
-
-    /// The most of the handler's response to buffer.
-    #[napi(getter)]
-    pub fn max_response(&self) -> f64 {
-        let guard = self
-            .execution
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
-        // Bounds of at most a few GiB: exact as a double.
-        #[allow(clippy::cast_precision_loss)]
-        guard.as_ref().map_or(0.0, |e| e.max_response() as f64)
-    }
-
-    /// Whether `finishNow` may be called (a `memory:` store).
-    #[napi(getter)]
-    pub fn inline(&self) -> bool {
-        let guard = self
-            .execution
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
-        guard.as_ref().is_some_and(Execution::inline)
-    }
-
-    /// As `finish`, on this thread, for an `inline` execution.
+    /// As `finish`, on this thread, for an `inline` execution (a `memory:` store).
     #[napi]
     pub fn finish_now(
         &self,
         status: u32,
-        headers: Vec<String>,
+        headers: String,
         body: Buffer,
     ) -> napi::Result<HttpReply> {
-        if !self.inline() {
+        let status = u16::try_from(status)
+            .map_err(|_| js_error("invalid", format!("status {status} is not an HTTP status")))?;
+        let headers = pairs(&headers)?;
+        let execution = self.take()?;
+        if !execution.inline() {
             return Err(js_error(
                 "invalid",
                 "finishNow is for a memory: store; use finish",
             ));
         }
-        let status = u16::try_from(status)
-            .map_err(|_| js_error("invalid", format!("status {status} is not an HTTP status")))?;
-        let headers = pairs(&headers)?;
-        Ok(self.take()?.finish(status, &headers, body.to_vec()).into())
+        Ok(execution.finish(status, &headers, body.to_vec()).into())
     }
 
     /// Stores the handler's response; resolves to the reply to send.
@@ -432,7 +417,7 @@ impl HttpExecution {
     pub fn finish(
         &self,
         status: u32,
-        headers: Vec<String>,
+        headers: String,
         body: Buffer,
     ) -> napi::Result<AsyncTask<Run<HttpReply>>> {
         let status = u16::try_from(status)

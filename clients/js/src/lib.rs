@@ -22,7 +22,7 @@ mod ticket;
 mod tool;
 
 pub use derive::{check_key_fields, derive_key};
-pub use http::{HttpAdmission, HttpExecution, HttpFront, HttpReply, open_http_front};
+pub use http::{Admission, Begun, HttpExecution, HttpFront, HttpKeyed, HttpReply, open_http_front};
 pub use ticket::Ticket;
 pub use tool::{BeginOutcome, OpenStore, Store, Tool, ToolOptions, open_store, shutdown};
 

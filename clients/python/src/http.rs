@@ -81,16 +81,6 @@ impl Front {
         })
     }
 
-    /// The refusal of a declared length over the bound, or `None`.
-    fn declared<'py>(
-        &self,
-        py: Python<'py>,
-        keyed: &HttpKeyed,
-        length: Option<u64>,
-    ) -> Option<PyReply<'py>> {
-        self.0.declared(&keyed.0, length).map(|r| reply(py, r))
-    }
-
     /// The refusal of a body that could not be buffered: `kind` is `too_large`, `unreadable`
     /// (with `detail`) or `timeout` (after `seconds`).
     #[pyo3(signature = (keyed, kind, detail="", seconds=0.0))]
@@ -110,6 +100,13 @@ impl Front {
             _ => BodyError::Unreadable(detail.to_owned()),
         };
         reply(py, self.0.body_failed(&keyed.0, &error))
+    }
+
+    /// The reply the completed-record cache holds for this request (a replay, or
+    /// `key-reused`), or `None`: no I/O, so it is asked on the event loop before `begin` goes
+    /// to a thread.
+    fn replay<'py>(&self, py: Python<'py>, keyed: &HttpKeyed, body: &[u8]) -> Option<PyReply<'py>> {
+        self.0.replay(&keyed.0, body).map(|r| reply(py, r))
     }
 
     /// Claims the key (blocking, GIL released): an `HttpExecution` (run the handler, then

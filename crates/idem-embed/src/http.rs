@@ -6,9 +6,11 @@
 //! A middleware moves its framework's request and response in and out, on plain values:
 //!
 //! 1. [`HttpFront::admit`] (no I/O, cheap: fine on an event loop) answers
-//!    [`Admitted::Pass`] (hand the request on untouched), [`Admitted::Reply`] (send this), or
-//!    [`Admitted::Keyed`] (buffer the body, at most [`Keyed::max_body`] bytes);
-//! 2. [`HttpFront::begin`] (blocking: a store round trip, and a wait for a duplicate in
+//!    [`Admitted::Pass`] (hand the request on untouched), [`Admitted::Reply`] (send this; a
+//!    `Content-Length` over the bound included), or [`Admitted::Keyed`] (buffer the body, at
+//!    most [`Keyed::max_body`] bytes);
+//! 2. [`HttpFront::replay`] (no I/O) answers a replay the completed-record cache holds;
+//!    else [`HttpFront::begin`] (blocking: a store round trip, and a wait for a duplicate in
 //!    flight) claims the key, or answers what the store holds ([`Begun::Reply`]);
 //! 3. the framework runs the handler on the buffered body, and the middleware buffers its
 //!    response; [`HttpExecution::finish`] (blocking) stores it and says what to send;
@@ -221,6 +223,10 @@ impl HttpFront {
         match self.front.admit(&method, path, &map) {
             Admission::Pass => Admitted::Pass,
             Admission::Refused(r) => Admitted::Reply(r.into()),
+            // A declared length over the bound is refused before any of the body is read.
+            Admission::Keyed(keyed) if self.declared_over(&keyed, &map) => {
+                Admitted::Reply(self.front.body_failed(&keyed, &BodyError::TooLarge).into())
+            }
             Admission::Keyed(keyed) => Admitted::Keyed(Keyed {
                 max_body: self.front.max_body(&keyed),
                 waits: self.front.policy(&keyed).engine.wait.is_some(),
@@ -236,15 +242,18 @@ impl HttpFront {
         }
     }
 
+    /// Whether `Content-Length` says the body is over the route's bound.
+    fn declared_over(&self, keyed: &idem_http::Keyed, headers: &HeaderMap) -> bool {
+        let declared = headers
+            .get(http::header::CONTENT_LENGTH)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.trim().parse::<u64>().ok());
+        self.front.declared(keyed, declared).is_some()
+    }
+
     fn invalid(&self, why: String) -> Admitted {
         idem_core::Outcome::Invalid.count();
         Admitted::Reply(self.front.refuse(&Problem::RequestInvalid(why)).into())
-    }
-
-    /// The refusal of a body whose declared length (`Content-Length`) is over the bound,
-    /// before any of it is read.
-    pub fn declared(&self, keyed: &Keyed, declared: Option<u64>) -> Option<Reply> {
-        self.front.declared(&keyed.keyed, declared).map(Reply::from)
     }
 
     /// The refusal of a body that could not be buffered: over the bound, unreadable, or not
@@ -253,16 +262,37 @@ impl HttpFront {
         self.front.body_failed(&keyed.keyed, error).into()
     }
 
+    /// What the completed-record cache answers for this request (a replay, or `key-reused`),
+    /// without a store call; `None` when it does not hold the key, or before the first
+    /// [`HttpFront::begin`] of this process opened the engine. No I/O: a host asks on its
+    /// event loop before it hands [`HttpFront::begin`] to a thread, so that a replay costs
+    /// no hop there and back. `body` is the buffered body [`HttpFront::begin`] would get.
+    pub fn replay(&self, keyed: &Keyed, body: &[u8]) -> Option<Reply> {
+        let engine = {
+            let cached = self.cached.lock().unwrap_or_else(PoisonError::into_inner);
+            match cached.as_ref() {
+                Some(c) if c.pid == std::process::id() => c.engine.clone(),
+                _ => return None,
+            }
+        };
+        let answer = engine.answer_cached::<()>(
+            &keyed.keyed.scope,
+            &keyed.keyed.key,
+            fingerprint(keyed, body),
+        )?;
+        Some(
+            self.front
+                .prior(&keyed.keyed, &answer)
+                .unwrap_or_else(|| self.front.store_unavailable())
+                .into(),
+        )
+    }
+
     /// Claims the request's key (blocking: a store round trip, and the route's `wait` for a
     /// duplicate in flight), or answers what the store holds. Never an error: a store that
     /// cannot be used is `store-unavailable`, and the handler does not run.
     pub fn begin(&self, keyed: Keyed, body: &[u8]) -> Begun {
-        let fingerprint = idem_core::Fingerprint::http(
-            keyed.method.as_str(),
-            &keyed.target,
-            keyed.content_type.as_deref(),
-            body,
-        );
+        let fingerprint = fingerprint(&keyed, body);
         let (host, engine) = match self.engine() {
             Ok(pair) => pair,
             Err(e) => {
@@ -320,6 +350,16 @@ impl HttpFront {
             }
         }
     }
+}
+
+/// What the fingerprint of a keyed request covers: its method, target, media type and body.
+fn fingerprint(keyed: &Keyed, body: &[u8]) -> idem_core::Fingerprint {
+    idem_core::Fingerprint::http(
+        keyed.method.as_str(),
+        &keyed.target,
+        keyed.content_type.as_deref(),
+        body,
+    )
 }
 
 impl HttpExecution {

@@ -202,3 +202,47 @@ fn settings_given_in_code_override_the_file_and_are_checked_alike() {
         .unwrap_or_default();
     assert!(e.contains("unknown field `anonymus`"), "{e}");
 }
+
+#[test]
+fn the_completed_record_cache_answers_replays_without_a_claim() {
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let url = format!("sqlite:{}", dir.path().join("idem.db").display());
+    let open = |extra: &str| {
+        let (config, _) =
+            config_of(Some(&format!("{CONFIG}\n{extra}")), None).unwrap_or_else(|e| panic!("{e}"));
+        HttpFront::new(config, &url).unwrap_or_else(|e| panic!("{e}"))
+    };
+    let front = open("");
+    let body = br#"{"a":1}"#;
+    // Before this process's first claim there is no engine, so no cache, to ask.
+    assert!(front.replay(&keyed(&front, "k-c", &[]), body).is_none());
+    let runs = AtomicU32::new(0);
+    let first = request(&front, "k-c", r#"{"a":1}"#, &runs);
+    assert!(
+        front
+            .replay(&keyed(&front, "k-unseen", &[]), body)
+            .is_none()
+    );
+    let replayed = front
+        .replay(&keyed(&front, "k-c", &[]), br#"{ "a": 1 }"#)
+        .unwrap_or_else(|| panic!("the completed record is cached"));
+    assert_eq!(replayed.body, first.body);
+    assert_eq!(header(&replayed, "idempotent-replayed"), Some(&b"true"[..]));
+    let other = front.replay(&keyed(&front, "k-c", &[]), br#"{"a":2}"#);
+    assert_eq!(other.map(|r| r.status), Some(422));
+    // Another caller's identical key is not this record.
+    let bob = keyed(&front, "k-c", &[("authorization", "Bearer bob")]);
+    assert!(front.replay(&bob, body).is_none());
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+
+    // With the cache off, every request asks the store.
+    let uncached = open("[limits]\ncache_bytes = 0");
+    request(&uncached, "k-d", r#"{"a":1}"#, &runs);
+    assert!(
+        uncached
+            .replay(&keyed(&uncached, "k-d", &[]), body)
+            .is_none()
+    );
+    let again = request(&uncached, "k-d", r#"{"a":1}"#, &runs);
+    assert_eq!(header(&again, "idempotent-replayed"), Some(&b"true"[..]));
+}

@@ -66,17 +66,16 @@ class IdempotencyMiddleware:
             await _reply(send, admitted)
             return
         keyed = admitted
-        declared = next((v for n, v in headers if n == "content-length"), None)
-        refusal = self.front.declared(keyed, int(declared) if declared and declared.isdigit() else None)
-        if refusal is not None:
-            await _reply(send, refusal)
-            return
         body = await self._body(keyed, receive, send)
         if body is None:
             return
         # A memory: store waits on nothing: its claim runs here, where a hop to a thread
-        # and back would cost more than the claim.
-        begun = self.front.begin(keyed, body) if keyed.inline else await _off_loop(self.front.begin, keyed, body, own_thread=keyed.waits)
+        # and back would cost more than the claim. Another store's claim goes to a thread,
+        # unless the completed-record cache already holds the replay.
+        if keyed.inline:
+            begun = self.front.begin(keyed, body)
+        else:
+            begun = self.front.replay(keyed, body) or await _off_loop(self.front.begin, keyed, body, own_thread=keyed.waits)
         if isinstance(begun, tuple):
             await _reply(send, begun)
             return

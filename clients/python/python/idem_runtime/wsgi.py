@@ -49,9 +49,6 @@ class IdempotencyMiddleware:
             return _reply(start_response, admitted)
         keyed = admitted
         length = environ.get("CONTENT_LENGTH") or ""
-        refusal = self.front.declared(keyed, int(length) if length.isdigit() else None)
-        if refusal is not None:
-            return _reply(start_response, refusal)
         body = _read(environ.get("wsgi.input"), int(length) if length.isdigit() else None, keyed.max_body)
         if body is None:
             return _reply(start_response, self.front.body_failed(keyed, "too_large"))

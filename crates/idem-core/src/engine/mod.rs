@@ -366,6 +366,22 @@ impl<S: Store> Engine<S> {
         }
     }
 
+    /// What the completed-record cache answers for a request, without a store call: the
+    /// replay, or the mismatch when the key was used for another request; `None` when the
+    /// cache does not hold the key (then [`Engine::begin`] claims it). No I/O and no await, so
+    /// a host may ask on its event loop before it hands [`Engine::begin`] to a thread: a
+    /// replay the cache holds then costs no hop. Counted as [`Engine::begin`] counts it.
+    pub fn answer_cached<T>(
+        &self,
+        scope: &Scope,
+        key: &Key,
+        fingerprint: Fingerprint,
+    ) -> Option<Answer<T>> {
+        let answer = self.cached(scope, key, fingerprint)?;
+        answer.outcome().count();
+        Some(answer)
+    }
+
     /// The answer a cached completed record gives: its replay, or a mismatch when the key
     /// was used for another request.
     fn cached<T>(&self, scope: &Scope, key: &Key, fingerprint: Fingerprint) -> Option<Answer<T>> {
