@@ -331,7 +331,7 @@ pub(crate) struct ExampleApiArgs {
 }
 
 #[derive(Debug, Args)]
-#[command(group(clap::ArgGroup::new("transport").required(true).args(["command", "listen"])))]
+#[command(group(clap::ArgGroup::new("transport").required(true).args(["command", "listen", "upstream_cmd"])))]
 pub(crate) struct McpArgs {
     /// The store: sqlite:PATH, memory:, postgres://...[?schema=NAME] or redis://...[?prefix=NAME].
     #[arg(long, env = "IDEM_STORE", default_value = DEFAULT_STORE, value_name = "URL", value_parser = StoreUrlParser)]
@@ -381,6 +381,12 @@ pub(crate) struct McpArgs {
     /// Authorization: Bearer TOKEN.
     #[arg(long, value_name = "VAR", requires = "admin_listen")]
     pub(crate) admin_token_env: Option<String>,
+    /// The upstream MCP server to spawn, as one command line, in place of a command after --
+    /// (split into words as a POSIX shell does, quotes included; no shell runs it). For MCP
+    /// clients whose launcher appends its own arguments after the ones it is given (the MCP
+    /// Inspector's CLI): nothing after this value is taken for the upstream's.
+    #[arg(long, env = "IDEM_MCP_UPSTREAM", value_name = "COMMAND LINE", conflicts_with_all = ["command", "listen"])]
+    pub(crate) upstream_cmd: Option<String>,
     /// The upstream MCP server to spawn, and its arguments (after --).
     #[arg(last = true, value_name = "COMMAND")]
     pub(crate) command: Vec<std::ffi::OsString>,

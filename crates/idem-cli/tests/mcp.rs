@@ -269,6 +269,72 @@ async fn stdio_proxy_dedups_effect_tools() {
     let _ = client.cancel().await;
 }
 
+/// `--upstream-cmd` (and `IDEM_MCP_UPSTREAM`): the upstream's command line as one value, split
+/// as a shell splits words, so a launcher's arguments appended after it are not the upstream's.
+#[tokio::test]
+async fn the_upstream_given_as_one_command_line_is_split_as_a_shell_would() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    // A path with a space and a quote: the command line must quote it for the proxy to work.
+    let spaced = tmp.path().join("my charges's dir");
+    std::fs::create_dir(&spaced).expect("mkdir");
+    let d = Dir {
+        store: tmp.path().join("idem.db"),
+        db: spaced.join("charges.db"),
+        _tmp: tmp,
+    };
+    let line = format!(
+        "{IDEM} example-mcp --db \"{}\"",
+        d.db.display().to_string().replace('"', "\\\"")
+    );
+    for from_env in [false, true] {
+        let mut cmd = tokio::process::Command::new(IDEM);
+        cmd.arg("mcp")
+            .arg("--store")
+            .arg(format!("sqlite:{}", d.store.display()));
+        if from_env {
+            cmd.env("IDEM_MCP_UPSTREAM", &line);
+        } else {
+            cmd.arg("--upstream-cmd").arg(&line);
+        }
+        let client = ().serve(TokioChildProcess::new(cmd).expect("spawn idem mcp")).await;
+        let client = client.expect("initialize through the proxy");
+        let charge =
+            json!({"customer": "cus_1", "amount_cents": 4900, "idempotency_key": "one-line"});
+        let result = call(&client, "charge_card", charge).await;
+        assert_ne!(result.is_error, Some(true), "{result:?}");
+        // The second launch replays the first's charge.
+        let replayed = idem_meta(&result)["replayed"].as_bool().unwrap_or(false);
+        assert_eq!(replayed, from_env, "{result:?}");
+        let _ = client.cancel().await;
+    }
+    assert_eq!(charges(&d.db), 1);
+
+    // Bad lines are refused with what is wrong, before anything is spawned; so is the
+    // upstream given twice.
+    for (args, wanted) in [
+        (
+            vec!["--upstream-cmd", "server 'unclosed"],
+            "unbalanced quotes",
+        ),
+        (vec!["--upstream-cmd", "   "], "--upstream-cmd is empty"),
+        (
+            vec!["--upstream-cmd", "a", "--", "b"],
+            "cannot be used with",
+        ),
+    ] {
+        let out = Command::new(IDEM)
+            .args(["mcp", "--store", "memory:"])
+            .args(&args)
+            .env_remove("IDEM_MCP_UPSTREAM")
+            .stdin(Stdio::null())
+            .output()
+            .expect("run idem mcp");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{args:?}");
+        assert!(stderr.contains(wanted), "{args:?}: {stderr}");
+    }
+}
+
 #[tokio::test]
 async fn a_cancelled_call_still_completes_and_its_retry_replays() {
     let d = dir();

@@ -115,9 +115,16 @@ pub(crate) async fn run(args: McpArgs) -> Result<()> {
         )
         .await;
     }
-    let mut command = args.command.into_iter();
+    let command = match args.upstream_cmd.as_deref() {
+        Some(line) => upstream_words(line)?,
+        None => args.command,
+    };
+    let mut command = command.into_iter();
     let Some(program) = command.next() else {
-        bail!("name the upstream MCP server to run after --, e.g. idem mcp -- my-server --flag");
+        bail!(
+            "name the upstream MCP server to run after --, e.g. idem mcp -- my-server --flag \
+             (or as one value: --upstream-cmd 'my-server --flag')"
+        );
     };
     let label = args
         .scope
@@ -133,6 +140,18 @@ pub(crate) async fn run(args: McpArgs) -> Result<()> {
         shutdown_signal(),
     )
     .await
+}
+
+/// `--upstream-cmd`'s command line as the words a POSIX shell would pass (quotes and
+/// backslashes honoured; no variables, globs or pipes, since no shell runs it).
+fn upstream_words(line: &str) -> Result<Vec<std::ffi::OsString>> {
+    let Some(words) = shlex::split(line) else {
+        bail!("--upstream-cmd {line:?}: unbalanced quotes, or a backslash at the end");
+    };
+    if words.is_empty() {
+        bail!("--upstream-cmd is empty: give the upstream MCP server's command line");
+    }
+    Ok(words.into_iter().map(Into::into).collect())
 }
 
 fn header(h: &str) -> Result<(HeaderName, HeaderValue)> {
@@ -162,6 +181,40 @@ pub(crate) async fn example(args: ExampleMcpArgs) -> Result<()> {
                 shutdown_signal(),
             )
             .await
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::upstream_words;
+
+    #[test]
+    fn an_upstream_command_line_is_split_as_a_shell_would() {
+        let words = |line: &str| -> Vec<String> {
+            upstream_words(line)
+                .unwrap_or_else(|e| panic!("{line:?}: {e}"))
+                .into_iter()
+                .map(|w| w.to_string_lossy().into_owned())
+                .collect()
+        };
+        assert_eq!(
+            words(r#"npx -y @scope/server --root "/my docs" --tag 'a b' c\ d"#),
+            [
+                "npx",
+                "-y",
+                "@scope/server",
+                "--root",
+                "/my docs",
+                "--tag",
+                "a b",
+                "c d"
+            ]
+        );
+        // No shell runs it: what a shell would expand stays as written.
+        assert_eq!(words("server $HOME *.txt"), ["server", "$HOME", "*.txt"]);
+        for bad in ["server 'open", "server \"open", "server \\", "", "  \t "] {
+            assert!(upstream_words(bad).is_err(), "{bad:?}");
         }
     }
 }
