@@ -1,17 +1,27 @@
-// Loads the native module built by scripts/build-native.mjs (npm's install script).
+// Loads the native module: a build in this directory (scripts/build-native.mjs, the install
+// script of a checkout: `npm install` in clients/js, or `npm install ./clients/js`), else the
+// platform package's prebuilt one (platform.js).
+import { existsSync } from "node:fs";
 import { createRequire } from "node:module";
+import { join } from "node:path";
+import { fileURLToPath } from "node:url";
 import { isMainThread } from "node:worker_threads";
+
+import { platformDir, unsupported } from "./platform.js";
 
 const require = createRequire(import.meta.url);
 
 function load() {
+  const local = new URL("./idem_node.node", import.meta.url);
+  const dir = existsSync(local) ? null : platformDir();
+  const path = dir ? join(dir, "idem_node.node") : fileURLToPath(local);
+  if (!dir && !existsSync(local)) throw unsupported("the native module (idem_node.node)");
   try {
-    return require("./idem_node.node");
+    return require(path);
   } catch (e) {
     throw new Error(
-      `idem-runtime: the native module idem_node.node could not be loaded (${e.message}). ` +
-        "It is built when the package is installed; run `npm rebuild idem-runtime` " +
-        "(or `node scripts/build-native.mjs` in clients/js), which needs a Rust toolchain.",
+      `idem-runtime: the native module at ${path} could not be loaded (${e.message}): the file is damaged, ` +
+        "or not built for this machine; reinstall idem-runtime (or, in a checkout, `npm rebuild` in clients/js).",
       { cause: e },
     );
   }
