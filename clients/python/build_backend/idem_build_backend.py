@@ -23,12 +23,35 @@ from maturin import prepare_metadata_for_build_wheel as _prepare_metadata_for_bu
 WHEELS = "Linux x86_64 with glibc >= 2.17 (manylinux2014), CPython >= 3.9"
 
 
+def _wheel_fits() -> bool:
+    """Whether this machine is one the prebuilt wheels cover (then pip chose the sdist itself)."""
+    libc, version = platform.libc_ver()
+    glibc = tuple(int(p) for p in version.split(".")[:2] if p.isdigit()) if libc == "glibc" else ()
+    return (
+        platform.system() == "Linux"
+        and platform.machine() in ("x86_64", "AMD64")
+        and platform.python_implementation() == "CPython"
+        and sys.version_info >= (3, 9)
+        and glibc >= (2, 17)
+    )
+
+
 def _need_cargo() -> None:
     if shutil.which("cargo"):
         return
+    here = (
+        f"{platform.system()} {platform.machine()}, "
+        f"{platform.python_implementation()} {platform.python_version()}"
+    )
+    why = (
+        f"pip is building it from source (the sdist), though the prebuilt wheel fits this machine ({here}): "
+        "it was asked not to use wheels (--no-binary), or the index it reads has no wheel of this version. "
+        "Install the wheel instead (pip install --only-binary idem-runtime idem-runtime)"
+        if _wheel_fits()
+        else f"no prebuilt wheel fits this machine ({here}); wheels exist for {WHEELS}"
+    )
     sys.stderr.write(
-        f"\nidem-runtime: no prebuilt wheel fits this machine ({platform.system()} {platform.machine()}, "
-        f"{platform.python_implementation()} {platform.python_version()}); wheels exist for {WHEELS}.\n"
+        f"\nidem-runtime: {why}.\n"
         "Building it from source needs Rust's cargo on PATH (https://rustup.rs), then the same pip "
         "command again; the build takes a few minutes. A source build has the library but not the "
         "`idem` binary: cargo install --locked --path crates/idem-cli from a checkout of the "

@@ -383,8 +383,8 @@ pub(crate) struct McpArgs {
     pub(crate) admin_token_env: Option<String>,
     /// The upstream MCP server to spawn, as one command line, in place of a command after --
     /// (split into words as a POSIX shell does, quotes included; no shell runs it). For MCP
-    /// clients whose launcher appends its own arguments after the ones it is given (the MCP
-    /// Inspector's CLI): nothing after this value is taken for the upstream's.
+    /// clients whose launcher re-parses the command line it runs (the MCP Inspector's CLI
+    /// drops a `--`, so the server's words would reach idem as its own arguments).
     #[arg(long, env = "IDEM_MCP_UPSTREAM", value_name = "COMMAND LINE", conflicts_with_all = ["command", "listen"])]
     pub(crate) upstream_cmd: Option<String>,
     /// The upstream MCP server to spawn, and its arguments (after --).

@@ -270,7 +270,7 @@ async fn stdio_proxy_dedups_effect_tools() {
 }
 
 /// `--upstream-cmd` (and `IDEM_MCP_UPSTREAM`): the upstream's command line as one value, split
-/// as a shell splits words, so a launcher's arguments appended after it are not the upstream's.
+/// as a shell splits words, for launchers that drop a `--` (the MCP Inspector's CLI).
 #[tokio::test]
 async fn the_upstream_given_as_one_command_line_is_split_as_a_shell_would() {
     let tmp = tempfile::tempdir().expect("tempdir");
