@@ -55,3 +55,18 @@ echo "damaged binary, as a user sees it: $out"
 cp "$project/idem.saved" "$bin"
 
 node "$repo/packaging/smoke_mcp.mjs" "$project" "$project/$bin"
+
+# The MCP Inspector's CLI (0.15.0, the last that runs on Node 20) launching the proxy as its
+# docs show a server: it drops a `--`, so the upstream goes in --upstream-cmd.
+npm install --no-audit --no-fund --silent --registry "$registry" @modelcontextprotocol/inspector@0.15.0
+inspector_dir="$project/inspector"
+mkdir -p "$inspector_dir"
+for expected in "false ch_1" "true ch_1"; do
+  out=$(npx --no-install mcp-inspector --cli npx --no-install idem-runtime mcp --store "sqlite:$inspector_dir/idem.db" \
+    --upstream-cmd "$project/$bin example-mcp --db $inspector_dir/charges.db" \
+    --method tools/call --tool-name charge_card --tool-arg customer=cus_1 --tool-arg amount_cents=4900 \
+    --tool-arg idempotency_key=inspector-1)
+  got=$(node -e 'const r = JSON.parse(require("fs").readFileSync(0, "utf8")); process.stdout.write(`${r._meta?.idem?.replayed === true} ${r.structuredContent?.charge_id}`)' <<<"$out")
+  [ "$got" = "$expected" ] || { echo "the Inspector's call answered '$got', not '$expected': $out" >&2; exit 1; }
+done
+echo "the MCP Inspector CLI through npx idem-runtime mcp --upstream-cmd: a charge, then its replay"
