@@ -18,7 +18,7 @@ import { fileURLToPath } from "node:url";
 
 import { derive } from "./idem_key.mjs";
 
-const repo = resolve(dirname(fileURLToPath(import.meta.url)), "..", "..");
+const repo = process.env.IDEM_REPO ? resolve(process.env.IDEM_REPO) : resolve(dirname(fileURLToPath(import.meta.url)), "..", "..");
 const required = process.env.IDEM_REQUIRE_SERVICES === "1";
 
 function idemBinary() {

@@ -8,7 +8,8 @@ import { dirname, isAbsolute, join, resolve } from "node:path";
 import { fileURLToPath } from "node:url";
 
 export const pkg = resolve(dirname(fileURLToPath(import.meta.url)), "..");
-export const repo = resolve(pkg, "..", "..");
+/** The repository: where this package sits in a checkout, or $IDEM_REPO (the tests run beside an installed package). */
+export const repo = process.env.IDEM_REPO ? resolve(process.env.IDEM_REPO) : resolve(pkg, "..", "..");
 
 /** target/debug/idem under $CARGO_TARGET_DIR or the repository (cargo build -p idem-cli), or $IDEM_BIN. */
 export function idemBinary() {
