@@ -2,14 +2,15 @@
 // `npx idem-runtime mcp ...` as a client config line would ("command": "npx"), with the
 // upstream given by --upstream-cmd, and calls an effect tool twice with one key. Then the
 // launcher chain's shutdown: a client that closes stdin, and a host that sends SIGTERM, must
-// each end the proxy (the binary under npx and bin/idem.mjs), not just the launcher.
+// each end the proxy (the binary under npx and bin/idem.mjs), not just the launcher. npx passes
+// no signal on (it runs the bin through sh -c): the launcher sees its parent go.
 //
 //     node packaging/smoke_mcp.mjs PROJECT_DIR IDEM_FOR_THE_UPSTREAM
 //
 // PROJECT_DIR has idem-runtime and @modelcontextprotocol/sdk installed.
 import assert from "node:assert/strict";
 import { spawn, execFileSync } from "node:child_process";
-import { mkdtempSync, rmSync } from "node:fs";
+import { closeSync, mkdtempSync, openSync, rmSync } from "node:fs";
 import { createRequire } from "node:module";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
@@ -53,14 +54,21 @@ try {
   await client.close();
   await waitGone("after the client closed");
 
-  // A host's SIGTERM to the command it launched (npx) ends the proxy under it.
-  const child = spawn("npx", proxyArgs, { cwd: project, stdio: ["pipe", "pipe", "inherit"] });
-  for (let i = 0; i < 100 && running().length < 2; i++) await new Promise((r) => setTimeout(r, 100));
-  assert.ok(running().some((l) => l.includes(" mcp ")), "the proxy started");
+  // A host's SIGTERM to the command it launched (npx) ends the proxy under it, with its stdin
+  // still open (a FIFO this process holds both ends of), so no EOF can be what ends it.
+  const fifo = join(dir, "stdin.fifo");
+  execFileSync("mkfifo", [fifo]);
+  const held = openSync(fifo, "r+");
+  const child = spawn("npx", proxyArgs, { cwd: project, stdio: [held, "pipe", "inherit"] });
+  // The binary itself running, not just npx (whose own command line says `mcp` too).
+  const proxyRuns = () => running().some((l) => /\/bin\/idem mcp /.test(l));
+  for (let i = 0; i < 100 && !proxyRuns(); i++) await new Promise((r) => setTimeout(r, 100));
+  assert.ok(proxyRuns(), "the proxy started");
   const exited = new Promise((resolve) => child.on("exit", (code, signal) => resolve({ code, signal })));
   child.kill("SIGTERM");
   const status = await exited;
   await waitGone("after SIGTERM");
+  closeSync(held);
   console.log(`npx idem-runtime mcp: one charge for two calls with one key, replay marked; EOF and SIGTERM (${JSON.stringify(status)}) end the proxy`);
 } finally {
   rmSync(dir, { recursive: true, force: true });

@@ -14,7 +14,8 @@ export const PLATFORMS = {
 const SOURCE_BUILD =
   "To build from source (needs Rust, https://rustup.rs): in a checkout of the idem repository, " +
   "`cd clients/js && npm install` builds the native module, `cargo build --release -p idem-cli` the " +
-  "binary; then `npm install /path/to/idem/clients/js` in your project.";
+  "binary; then `npm install /path/to/idem/clients/js` in your project, and set " +
+  "IDEM_BINARY=/path/to/idem/target/release/idem for the `idem` command.";
 
 /**
  * This machine as the platform packages name it: `linux-x64-gnu`, `darwin-arm64`, ... .
@@ -25,24 +26,33 @@ export function platformId() {
   if (forced) return forced;
   const { platform, arch } = process;
   if (platform !== "linux") return `${platform}-${arch}`;
-  // glibc reports its version; musl (Alpine) does not.
-  const glibc = process.report?.getReport?.()?.header?.glibcVersionRuntime;
-  return `linux-${arch}-${glibc ? "gnu" : "musl"}`;
+  // glibc reports its version; musl (Alpine) does not. The report is made once, without its
+  // network section (which can take seconds to gather).
+  if (libc === undefined) {
+    if (process.report) process.report.excludeNetwork = true;
+    libc = process.report?.getReport?.()?.header?.glibcVersionRuntime ? "gnu" : "musl";
+  }
+  return `linux-${arch}-${libc}`;
 }
+
+let libc;
+
+/** The platform package's name for a platform id, or undefined. */
+const packageOf = (id) => (Object.hasOwn(PLATFORMS, id) ? PLATFORMS[id] : undefined);
 
 /** An error naming the platforms that have packages and how to build for this one. */
 export function unsupported(what, cause) {
   const id = platformId();
   const built = Object.keys(PLATFORMS).join(", ");
-  const why = PLATFORMS[id]
-    ? `its package ${PLATFORMS[id]} is not installed (npm skips optional dependencies when asked to: reinstall without --omit=optional or --no-optional)`
+  const why = packageOf(id)
+    ? `its package ${packageOf(id)} is not installed (npm skips optional dependencies when asked to: reinstall without --omit=optional or --no-optional)`
     : `no prebuilt package exists for ${id}; prebuilt: ${built}`;
   return new Error(`idem-runtime: ${what} is missing for this machine: ${why}. ${SOURCE_BUILD}`, cause ? { cause } : undefined);
 }
 
 /** The installed platform package's directory, or null. */
 export function platformDir() {
-  const name = PLATFORMS[platformId()];
+  const name = packageOf(platformId());
   if (!name) return null;
   try {
     return dirname(require.resolve(`${name}/package.json`));

@@ -97,3 +97,24 @@ test("a machine with no prebuilt package is told which exist and how to build", 
   assert.match(r.stderr, /cargo build --release -p idem-cli/);
   assert.ok(existsSync(LAUNCHER));
 });
+
+test("a launcher whose parent is gone (npx and its shell, which pass no signal on) stops the binary", async (t) => {
+  const dir = tmp(t);
+  const mark = join(dir, "got");
+  const bin = script(dir, `trap 'echo TERM > ${mark}; exit 0' TERM\necho ready\nwhile :; do sleep 0.05; done`);
+  // sh -c stands for npx's shell: killing it leaves the launcher reparented, told nothing.
+  const shell = spawn("/bin/sh", ["-c", `"${process.execPath}" "${LAUNCHER}"; :`], {
+    env: { ...process.env, IDEM_BINARY: bin },
+    stdio: ["pipe", "pipe", "inherit"],
+  });
+  await new Promise((resolve) => shell.stdout.once("data", resolve));
+  shell.kill("SIGKILL");
+  await until(() => existsSync(mark));
+  assert.equal(readFileSync(mark, "utf8").trim(), "TERM");
+});
+
+test("a binary ended by SIGUSR1 ends the launcher with 128 + n, not in Node's debugger", async (t) => {
+  const dir = tmp(t);
+  const bin = script(dir, "kill -USR1 $$");
+  assert.deepEqual(await exited(launch({ IDEM_BINARY: bin })), { code: 138, signal: null });
+});
