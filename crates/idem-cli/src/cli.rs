@@ -331,7 +331,9 @@ pub(crate) struct ExampleApiArgs {
 }
 
 #[derive(Debug, Args)]
-#[command(group(clap::ArgGroup::new("transport").required(true).args(["command", "listen", "upstream_cmd"])))]
+// One upstream, at most: after --, --upstream-cmd, or --listen's --upstream-url. None on the
+// command line is allowed here: IDEM_MCP_UPSTREAM may name it (commands/mcp.rs).
+#[command(group(clap::ArgGroup::new("transport").args(["command", "listen", "upstream_cmd"])))]
 pub(crate) struct McpArgs {
     /// The store: sqlite:PATH, memory:, postgres://...[?schema=NAME] or redis://...[?prefix=NAME].
     #[arg(long, env = "IDEM_STORE", default_value = DEFAULT_STORE, value_name = "URL", value_parser = StoreUrlParser)]
@@ -384,8 +386,9 @@ pub(crate) struct McpArgs {
     /// The upstream MCP server to spawn, as one command line, in place of a command after --
     /// (split into words as a POSIX shell does, quotes included; no shell runs it). For MCP
     /// clients whose launcher re-parses the command line it runs (the MCP Inspector's CLI
-    /// drops a `--`, so the server's words would reach idem as its own arguments).
-    #[arg(long, env = "IDEM_MCP_UPSTREAM", value_name = "COMMAND LINE", conflicts_with_all = ["command", "listen"])]
+    /// drops a `--`, so the server's words would reach idem as its own arguments). Where the
+    /// command line names no upstream, IDEM_MCP_UPSTREAM may hold this value.
+    #[arg(long, value_name = "COMMAND LINE", conflicts_with_all = ["command", "listen"])]
     pub(crate) upstream_cmd: Option<String>,
     /// The upstream MCP server to spawn, and its arguments (after --).
     #[arg(last = true, value_name = "COMMAND")]

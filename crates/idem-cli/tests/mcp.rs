@@ -321,6 +321,11 @@ async fn the_upstream_given_as_one_command_line_is_split_as_a_shell_would() {
             vec!["--upstream-cmd", "a", "--", "b"],
             "cannot be used with",
         ),
+        (
+            vec!["--upstream-cmd", "server --token #abc"],
+            "starts with #",
+        ),
+        (vec![], "name the upstream MCP server"),
     ] {
         let out = Command::new(IDEM)
             .args(["mcp", "--store", "memory:"])
@@ -332,6 +337,28 @@ async fn the_upstream_given_as_one_command_line_is_split_as_a_shell_would() {
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert!(!out.status.success(), "{args:?}");
         assert!(stderr.contains(wanted), "{args:?}: {stderr}");
+    }
+
+    // IDEM_MCP_UPSTREAM only stands in where the command line names no upstream: an upstream
+    // after -- wins over it (no conflict), and the upstream never inherits it (an `idem mcp`
+    // there would spawn the same command again).
+    let seen = tempfile::tempdir().expect("tempdir");
+    for (args, file) in [
+        (vec![], "from-env"),
+        (vec!["--", "sh", "-c", "env > after-dashes"], "after-dashes"),
+    ] {
+        let out = Command::new(IDEM)
+            .args(["mcp", "--store", "memory:"])
+            .args(&args)
+            .env("IDEM_MCP_UPSTREAM", "sh -c 'env > from-env'")
+            .current_dir(seen.path())
+            .stdin(Stdio::null())
+            .output()
+            .expect("run idem mcp");
+        let env = std::fs::read_to_string(seen.path().join(file))
+            .unwrap_or_else(|e| panic!("{args:?}: the upstream did not run ({e}): {out:?}"));
+        assert!(env.contains("PATH="), "{env}");
+        assert!(!env.contains("IDEM_MCP_UPSTREAM"), "{args:?}: {env}");
     }
 }
 

@@ -11,7 +11,6 @@
 //! JSON-RPC error (anything else) at once.
 
 use std::collections::HashMap;
-use std::ffi::OsString;
 use std::future::Future;
 use std::process::Stdio;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -35,20 +34,23 @@ use crate::rpc::{self, Envelope, Line, Lines, MAX_MESSAGE};
 /// their results are stored instead of left abandoned.
 pub const DRAIN: Duration = Duration::from_secs(30);
 
-/// Spawns `command`, relays MCP between this process's stdin and stdout and the child's until
-/// the client or the upstream goes away, or `shutdown` resolves. Then calls still running get
-/// up to [`DRAIN`] to finish before the upstream's stdin is closed.
+/// Spawns `upstream` (its program, arguments and environment as the caller set them; its
+/// stdin and stdout become the relay's), relays MCP between this process's stdin and stdout and
+/// the child's until the client or the upstream goes away, or `shutdown` resolves. Then calls
+/// still running get up to [`DRAIN`] to finish before the upstream's stdin is closed.
 pub async fn serve<S: Store + Clone>(
-    command: OsString,
-    args: Vec<OsString>,
+    mut upstream: tokio::process::Command,
     store: S,
     policies: Policies,
     scope: Scope,
     shutdown: impl Future<Output = ()>,
 ) -> Result<()> {
-    let name = command.to_string_lossy().into_owned();
-    let mut child = tokio::process::Command::new(&command)
-        .args(&args)
+    let name = upstream
+        .as_std()
+        .get_program()
+        .to_string_lossy()
+        .into_owned();
+    let mut child = upstream
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())

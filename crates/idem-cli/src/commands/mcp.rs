@@ -115,8 +115,19 @@ pub(crate) async fn run(args: McpArgs) -> Result<()> {
         )
         .await;
     }
-    let command = match args.upstream_cmd.as_deref() {
-        Some(line) => upstream_words(line)?,
+    // The upstream: after --, else --upstream-cmd, else $IDEM_MCP_UPSTREAM. The variable is
+    // read only here, where nothing on the command line names an upstream, so a value left in
+    // the environment never conflicts with one given, and it is not handed to the upstream
+    // (an `idem mcp` there would spawn the same command again).
+    let line = match args.upstream_cmd {
+        Some(line) => Some(("--upstream-cmd", line)),
+        None if args.command.is_empty() => {
+            std::env::var(UPSTREAM_ENV).ok().map(|l| (UPSTREAM_ENV, l))
+        }
+        None => None,
+    };
+    let command = match line {
+        Some((from, line)) => upstream_words(from, &line)?,
         None => args.command,
     };
     let mut command = command.into_iter();
@@ -131,27 +142,60 @@ pub(crate) async fn run(args: McpArgs) -> Result<()> {
         .or_else(|| policies.scope.clone())
         .unwrap_or_else(|| DEFAULT_SCOPE.to_owned());
     let scope = Scope::new(label.clone()).with_context(|| format!("scope {label:?}"))?;
-    idem_mcp::stdio::serve(
-        program,
-        command.collect(),
-        store,
-        policies,
-        scope,
-        shutdown_signal(),
-    )
-    .await
+    let mut upstream = tokio::process::Command::new(program);
+    upstream.args(command).env_remove(UPSTREAM_ENV);
+    idem_mcp::stdio::serve(upstream, store, policies, scope, shutdown_signal()).await
 }
 
-/// `--upstream-cmd`'s command line as the words a POSIX shell would pass (quotes and
-/// backslashes honoured; no variables, globs or pipes, since no shell runs it).
-fn upstream_words(line: &str) -> Result<Vec<std::ffi::OsString>> {
+/// The environment variable that names the upstream's command line where the command line
+/// names none (`--upstream-cmd`'s value, for launchers that take no arguments of their own).
+const UPSTREAM_ENV: &str = "IDEM_MCP_UPSTREAM";
+
+/// An upstream's command line (from `from`: the flag or the variable) as the words a POSIX
+/// shell would pass: quotes and backslashes honoured; no variables, globs or pipes, since no
+/// shell runs it. A word a shell would read as a comment (`#` at its start, unquoted) is
+/// refused rather than dropped with the rest of the line.
+fn upstream_words(from: &str, line: &str) -> Result<Vec<std::ffi::OsString>> {
+    if let Some(at) = comment_at(line) {
+        bail!(
+            "{from} {line:?}: the word at byte {at} starts with #, which a shell reads as a \
+             comment that drops the rest of the line; quote it ('#...') if it is an argument"
+        );
+    }
     let Some(words) = shlex::split(line) else {
-        bail!("--upstream-cmd {line:?}: unbalanced quotes, or a backslash at the end");
+        bail!("{from} {line:?}: unbalanced quotes, or a backslash at the end");
     };
     if words.is_empty() {
-        bail!("--upstream-cmd is empty: give the upstream MCP server's command line");
+        bail!("{from} is empty: give the upstream MCP server's command line");
     }
     Ok(words.into_iter().map(Into::into).collect())
+}
+
+/// Where an unquoted `#` starts a word in `line`, as a POSIX shell reads quotes and escapes.
+fn comment_at(line: &str) -> Option<usize> {
+    let (mut quote, mut escaped, mut word_start) = (None, false, true);
+    for (i, c) in line.char_indices() {
+        let starts = std::mem::replace(&mut word_start, false);
+        if std::mem::replace(&mut escaped, false) {
+            continue;
+        }
+        match quote {
+            Some('\'') => quote = (c != '\'').then_some('\''),
+            Some(_) => match c {
+                '\\' => escaped = true,
+                '"' => quote = None,
+                _ => {}
+            },
+            None => match c {
+                '\\' => escaped = true,
+                '\'' | '"' => quote = Some(c),
+                '#' if starts => return Some(i),
+                c if c.is_whitespace() => word_start = true,
+                _ => {}
+            },
+        }
+    }
+    None
 }
 
 fn header(h: &str) -> Result<(HeaderName, HeaderValue)> {
@@ -192,7 +236,7 @@ mod tests {
     #[test]
     fn an_upstream_command_line_is_split_as_a_shell_would() {
         let words = |line: &str| -> Vec<String> {
-            upstream_words(line)
+            upstream_words("--upstream-cmd", line)
                 .unwrap_or_else(|e| panic!("{line:?}: {e}"))
                 .into_iter()
                 .map(|w| w.to_string_lossy().into_owned())
@@ -213,8 +257,21 @@ mod tests {
         );
         // No shell runs it: what a shell would expand stays as written.
         assert_eq!(words("server $HOME *.txt"), ["server", "$HOME", "*.txt"]);
-        for bad in ["server 'open", "server \"open", "server \\", "", "  \t "] {
-            assert!(upstream_words(bad).is_err(), "{bad:?}");
+        // A # inside a word, quoted or escaped is an argument.
+        assert_eq!(
+            words(r##"s a#b '#c' "#d" \#e x\ #f"##),
+            ["s", "a#b", "#c", "#d", "#e", "x #f"]
+        );
+        for bad in [
+            "server 'open",
+            "server \"open",
+            "server \\",
+            "",
+            "  \t ",
+            "s --token #abc --x",
+            "#s",
+        ] {
+            assert!(upstream_words("--upstream-cmd", bad).is_err(), "{bad:?}");
         }
     }
 }
