@@ -42,6 +42,9 @@ TARGETS = {
     "x86_64-pc-windows-msvc": ("win32-x64-msvc", "win32", "x64", None, False),
 }
 GLIBC_FLOOR = "2.17"
+#: The license texts every artifact carries (the wheel and the sdist through pyproject's
+#: license-files).
+LICENSES = ("LICENSE-MIT", "LICENSE-APACHE")
 PROFILE = "dist"
 
 
@@ -116,13 +119,14 @@ def build_npm(target: str, binary: pathlib.Path, module: pathlib.Path, out: path
         "cpu": [cpu],
         **({"libc": [libc]} if libc else {}),
         "main": "idem_node.node",
-        "files": ["idem_node.node", "bin/"],
+        "files": ["idem_node.node", "bin/", *LICENSES],
         "engines": {"node": ">=20"},
         # bin/idem.mjs compares the installed file with it: one cut short or replaced is
         # reported as damaged instead of being handed to /bin/sh by execvp.
         "idemBinarySize": binary.stat().st_size,
     }
     (plat / "package.json").write_text(json.dumps(manifest, indent=2) + "\n")
+    licenses(plat)
     (plat / "README.md").write_text(f"# {name}\n\nThe prebuilt native module and `idem` binary of "
                                     f"[idem-runtime](https://www.npmjs.com/package/idem-runtime) for {platform_id}. "
                                     "Installed by idem-runtime as an optional dependency; not used on its own.\n")
@@ -147,10 +151,18 @@ def build_npm(target: str, binary: pathlib.Path, module: pathlib.Path, out: path
     package.pop("devDependencies", None)
     package["version"] = ver
     package["optionalDependencies"] = {f"idem-runtime-{t[0]}": ver for t in TARGETS.values() if t[0] in built_platforms(out, platform_id)}
-    package["files"] = [f for f in files if f not in ("src/", "build.rs", "Cargo.toml")] + ["README.md"]
+    package["files"] = [f for f in files if f not in ("src/", "build.rs", "Cargo.toml", "scripts/")] + ["README.md", *LICENSES]
     (main / "package.json").write_text(json.dumps(package, indent=2) + "\n")
     shutil.copy2(REPO / "packaging" / "npm-README.md", main / "README.md")
+    licenses(main)
     npm_pack(main, out)
+
+
+def licenses(directory: pathlib.Path) -> None:
+    """The license texts, copied beside a package (its `files` name them: npm packs a file
+    named LICENSE on its own, not LICENSE-MIT)."""
+    for name in LICENSES:
+        shutil.copy2(REPO / name, directory / name)
 
 
 def built_platforms(out: pathlib.Path, this: str) -> set:

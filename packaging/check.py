@@ -11,6 +11,7 @@ Needs binutils' readelf, and auditwheel (packaging/requirements.txt).
 
 from __future__ import annotations
 
+import json
 import pathlib
 import re
 import subprocess
@@ -26,6 +27,8 @@ GLIBC_FLOOR = (2, 17)
 BINARY_BUDGET = 25_000_000
 #: The wheel and each npm tarball, compressed.
 ARCHIVE_BUDGET = 25_000_000
+#: The license texts every artifact carries.
+LICENSES = ("LICENSE-MIT", "LICENSE-APACHE")
 
 
 def version() -> str:
@@ -75,12 +78,16 @@ def main() -> int:
             failures.append(f"{wheel.name} is not version {ver}")
         if "-cp39-abi3-" not in wheel.name:
             failures.append(f"{wheel.name} is not abi3 for CPython >= 3.9")
-        if "manylinux" in wheel.name and "manylinux_2_17" not in wheel.name and "manylinux2014" not in wheel.name:
-            failures.append(f"{wheel.name} is not tagged manylinux2014")
+        linux = "linux" in wheel.name
+        if linux and ("manylinux_2_17" not in wheel.name or "manylinux2014" not in wheel.name):
+            failures.append(f"{wheel.name} is a Linux wheel not tagged manylinux2014 / manylinux_2_17")
         if wheel.stat().st_size > ARCHIVE_BUDGET:
             failures.append(f"{wheel.name} is over {ARCHIVE_BUDGET} bytes")
         with zipfile.ZipFile(wheel) as z:
             names = z.namelist()
+            for lic in LICENSES:
+                if not any(n.endswith(f".dist-info/licenses/{lic}") for n in names):
+                    failures.append(f"{wheel.name} lacks {lic} in its .dist-info/licenses")
             if "idem_runtime/_bin/idem" not in names and "idem_runtime/_bin/idem.exe" not in names:
                 failures.append(f"{wheel.name} has no idem binary in idem_runtime/_bin")
             for n in names:
@@ -96,8 +103,13 @@ def main() -> int:
                     failures.append(f"auditwheel does not find {wheel.name} consistent with manylinux_2_17_x86_64")
     for sdist in sdists:
         rows.append((sdist.name, "(archive)", sdist.stat().st_size, "", ""))
+        if sdist.name != f"idem_runtime-{ver}.tar.gz":
+            failures.append(f"{sdist.name} is not version {ver}")
         with tarfile.open(sdist) as t:
             names = t.getnames()
+        for lic in LICENSES:
+            if f"idem_runtime-{ver}/{lic}" not in names:
+                failures.append(f"{sdist.name} lacks {lic}")
         if not any(n.endswith("build_backend/idem_build_backend.py") for n in names):
             failures.append(f"{sdist.name} lacks the build backend wrapper")
     for tgz in tarballs:
@@ -107,6 +119,26 @@ def main() -> int:
         if tgz.stat().st_size > ARCHIVE_BUDGET:
             failures.append(f"{tgz.name} is over {ARCHIVE_BUDGET} bytes")
         with tarfile.open(tgz) as t:
+            names = t.getnames()
+            for lic in LICENSES:
+                if f"package/{lic}" not in names:
+                    failures.append(f"{tgz.name} lacks {lic}")
+            manifest = json.loads(t.extractfile("package/package.json").read())
+            if manifest.get("version") != ver:
+                failures.append(f"{tgz.name}: package.json says version {manifest.get('version')}, not {ver}")
+            if manifest["name"] == "idem-runtime":
+                optional = manifest.get("optionalDependencies") or {}
+                if not optional or any(v != ver for v in optional.values()):
+                    failures.append(f"{tgz.name}: optionalDependencies {optional} do not name platform packages at {ver}")
+                if "scripts" in manifest and "install" in manifest["scripts"]:
+                    failures.append(f"{tgz.name} has an install script: nothing may build on a user's machine")
+            else:
+                exe = "package/bin/idem.exe" if "win32" in manifest["name"] else "package/bin/idem"
+                for needed in (exe, "package/idem_node.node"):
+                    if needed not in names:
+                        failures.append(f"{tgz.name} lacks {needed}")
+                if exe in names and manifest.get("idemBinarySize") != t.getmember(exe).size:
+                    failures.append(f"{tgz.name}: idemBinarySize {manifest.get('idemBinarySize')} is not the binary's {t.getmember(exe).size} bytes")
             for m in t.getmembers():
                 if not m.isfile():
                     continue

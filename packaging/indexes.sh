@@ -79,6 +79,7 @@ YAML
 stop_indexes() {
   local pid
   for pid in "${_indexes_pids[@]}"; do kill "$pid" 2>/dev/null || true; done
+  _indexes_pids=()
 }
 
 # PATH less every directory holding cargo or rustc: what a user's machine without Rust has.
@@ -93,5 +94,14 @@ path_without_rust() {
     echo "cargo or rustc is still on PATH" >&2
     return 1
   fi
+  # Where Rust came from the system's packages it shares a directory with everything else:
+  # this machine cannot play one without Rust.
+  local tool
+  for tool in node npm python3; do
+    if ! PATH="$out" command -v "$tool" >/dev/null; then
+      echo "without the directories that hold cargo or rustc, PATH has no $tool: install Rust with rustup (~/.cargo/bin) to run these checks" >&2
+      return 1
+    fi
+  done
   printf '%s\n' "$out"
 }

@@ -45,6 +45,12 @@ def main(argv: Optional[Sequence[str]] = None) -> NoReturn:
             f"and set IDEM_BINARY to it."
         )
     try:
+        if os.name == "nt":
+            # Windows has no exec: os.execv starts a new process and this one exits at once,
+            # losing the exit status and the console. Run it as a child instead.
+            import subprocess
+
+            raise SystemExit(subprocess.call([str(path), *args]))
         os.execv(path, [str(path), *args])
     except OSError as e:
         fail(
