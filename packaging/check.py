@@ -67,34 +67,41 @@ def main() -> int:
         if name.endswith("/idem") and len(data) > BINARY_BUDGET:
             failures.append(f"{archive}:{name} is {len(data)} bytes, over the budget of {BINARY_BUDGET}")
 
+    def check_archive(path: pathlib.Path, versioned: bool) -> None:
+        """Its row, its version (in the name) and, for what a user downloads, its size."""
+        rows.append((path.name, "(archive)", path.stat().st_size, "", ""))
+        if not versioned:
+            failures.append(f"{path.name} is not version {ver}")
+        if path.stat().st_size > ARCHIVE_BUDGET:
+            failures.append(f"{path.name} is over {ARCHIVE_BUDGET} bytes")
+
+    def check_licenses(archive: str, names: list, where: str) -> None:
+        for lic in LICENSES:
+            if not any(n.endswith(f"{where}{lic}") for n in names):
+                failures.append(f"{archive} lacks {lic} ({where}{lic})")
+
     wheels = sorted(dist.glob("idem_runtime-*.whl"))
     tarballs = sorted(dist.glob("idem-runtime-*.tgz"))
     sdists = sorted(dist.glob("idem_runtime-*.tar.gz"))
     if not wheels or not tarballs or not sdists:
         failures.append(f"missing artifacts in {dist}: wheels {len(wheels)}, npm tarballs {len(tarballs)}, sdists {len(sdists)}")
     for wheel in wheels:
-        rows.append((wheel.name, "(archive)", wheel.stat().st_size, "", ""))
-        if not wheel.name.startswith(f"idem_runtime-{ver}-"):
-            failures.append(f"{wheel.name} is not version {ver}")
+        check_archive(wheel, wheel.name.startswith(f"idem_runtime-{ver}-"))
         if "-cp39-abi3-" not in wheel.name:
             failures.append(f"{wheel.name} is not abi3 for CPython >= 3.9")
         linux = "linux" in wheel.name
         if linux and ("manylinux_2_17" not in wheel.name or "manylinux2014" not in wheel.name):
             failures.append(f"{wheel.name} is a Linux wheel not tagged manylinux2014 / manylinux_2_17")
-        if wheel.stat().st_size > ARCHIVE_BUDGET:
-            failures.append(f"{wheel.name} is over {ARCHIVE_BUDGET} bytes")
         with zipfile.ZipFile(wheel) as z:
             names = z.namelist()
-            for lic in LICENSES:
-                if not any(n.endswith(f".dist-info/licenses/{lic}") for n in names):
-                    failures.append(f"{wheel.name} lacks {lic} in its .dist-info/licenses")
+            check_licenses(wheel.name, names, ".dist-info/licenses/")
             if "idem_runtime/_bin/idem" not in names and "idem_runtime/_bin/idem.exe" not in names:
                 failures.append(f"{wheel.name} has no idem binary in idem_runtime/_bin")
             for n in names:
                 data = z.read(n)
                 if is_elf(data):
                     check_elf(wheel.name, n, data)
-        if "linux" in wheel.name:
+        if linux:
             shown = subprocess.run([sys.executable, "-m", "auditwheel", "show", str(wheel)], capture_output=True, text=True)
             text = " ".join(shown.stdout.split())
             print(f"auditwheel show {wheel.name}:\n  {text}\n")
@@ -102,27 +109,17 @@ def main() -> int:
                 if "aarch64" not in wheel.name:
                     failures.append(f"auditwheel does not find {wheel.name} consistent with manylinux_2_17_x86_64")
     for sdist in sdists:
-        rows.append((sdist.name, "(archive)", sdist.stat().st_size, "", ""))
-        if sdist.name != f"idem_runtime-{ver}.tar.gz":
-            failures.append(f"{sdist.name} is not version {ver}")
+        check_archive(sdist, sdist.name == f"idem_runtime-{ver}.tar.gz")
         with tarfile.open(sdist) as t:
             names = t.getnames()
-        for lic in LICENSES:
-            if f"idem_runtime-{ver}/{lic}" not in names:
-                failures.append(f"{sdist.name} lacks {lic}")
+        check_licenses(sdist.name, names, f"idem_runtime-{ver}/")
         if not any(n.endswith("build_backend/idem_build_backend.py") for n in names):
             failures.append(f"{sdist.name} lacks the build backend wrapper")
     for tgz in tarballs:
-        rows.append((tgz.name, "(archive)", tgz.stat().st_size, "", ""))
-        if not tgz.name.endswith(f"-{ver}.tgz"):
-            failures.append(f"{tgz.name} is not version {ver}")
-        if tgz.stat().st_size > ARCHIVE_BUDGET:
-            failures.append(f"{tgz.name} is over {ARCHIVE_BUDGET} bytes")
+        check_archive(tgz, tgz.name.endswith(f"-{ver}.tgz"))
         with tarfile.open(tgz) as t:
             names = t.getnames()
-            for lic in LICENSES:
-                if f"package/{lic}" not in names:
-                    failures.append(f"{tgz.name} lacks {lic}")
+            check_licenses(tgz.name, names, "package/")
             manifest = json.loads(t.extractfile("package/package.json").read())
             if manifest.get("version") != ver:
                 failures.append(f"{tgz.name}: package.json says version {manifest.get('version')}, not {ver}")
