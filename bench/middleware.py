@@ -8,8 +8,15 @@ interleaved with the other rows of its service (bare, then the middleware's rows
 again, ...), and the median is printed with the spread, so that a drift of the machine during
 the run moves every row alike instead of one.
 
-    python bench/middleware.py [--seconds 5] [--rounds 3] [--connections 32] [fastapi express ...]
+    python bench/middleware.py [--seconds 5] [--rounds 3] [--connections 32] [--paced MS] [fastapi express ...]
     python bench/middleware.py --peers [asgi-idempotency-header ...]
+
+--paced MS holds every row to the same offered load: each connection waits MS milliseconds
+after each answer (wrk's `delay()`), so a row runs at about connections / (MS + latency)
+requests a second whatever its cost. Unpaced, wrk saturates the service, and a service that
+answers slower leaves wrk's threads idle: each response then has to wake one, and that
+wake-up is charged to the service's send (on this VM, 20 - 30 µs more per request than a
+fast row pays). Paced, every row pays it alike, so the rows compare the service's own work.
 
 --peers measures instead each peer library of bench/compare_peers.py (its own example service,
 on its recommended store, from the peers' venv: --venv) beside idem's middleware on the same
@@ -128,14 +135,16 @@ def median(xs: list) -> float:
     return s[len(s) // 2] if len(s) % 2 else (s[len(s) // 2 - 1] + s[len(s) // 2]) / 2
 
 
-def setup(work: pathlib.Path) -> tuple:
-    """The middleware's configuration file and wrk's scripts, written under ``work``."""
+def setup(work: pathlib.Path, paced_ms: int = 0) -> tuple:
+    """The middleware's configuration file and wrk's scripts, written under ``work``; with
+    ``paced_ms``, each connection waits that long after each answer (see --paced)."""
     config = work / "idem.toml"
     config.write_text(CONFIG)
     scripts = {}
+    pace = f"\nfunction delay() return {paced_ms} end\n" if paced_ms else ""
     for name, text in (("new", NEW), ("same", SAME.replace("{run}", uuid.uuid4().hex[:8])), ("bare", BARE)):
         scripts[name] = work / f"{name}.lua"
-        scripts[name].write_text(text)
+        scripts[name].write_text(text + pace)
     return config, scripts
 
 
@@ -206,6 +215,8 @@ def main() -> int:
     ap.add_argument("--seconds", type=int, default=5)
     ap.add_argument("--connections", type=int, default=32)
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--paced", type=int, default=0, metavar="MS",
+                    help="each connection waits MS ms after each answer: every row at the same offered load")
     ap.add_argument("--peers", action="store_true", help="measure the peer libraries beside idem on their stores")
     ap.add_argument("--venv", type=pathlib.Path, default=pathlib.Path(os.environ.get("PEERS_VENV", "/tmp/peers-venv")),
                     help="with --peers: the virtualenv holding bench/peers/python/requirements.txt")
@@ -213,7 +224,7 @@ def main() -> int:
     if args.peers:
         with tempfile.TemporaryDirectory(prefix="idem-bench-peers-") as tmp:
             work = pathlib.Path(tmp)
-            config, scripts = setup(work)
+            config, scripts = setup(work, args.paced)
             print(f"wrk -t2 -c{args.connections} -d{args.seconds}s, {os.cpu_count()} cores, {args.rounds} rounds, "
                   f"{time.strftime('%Y-%m-%dT%H:%MZ', time.gmtime())}")
             print()
@@ -222,8 +233,9 @@ def main() -> int:
     fes = [f for f in frontends.frontends() if f.name in chosen and not f.gateway]
     with tempfile.TemporaryDirectory(prefix="idem-bench-mw-") as tmp:
         work = pathlib.Path(tmp)
-        config, scripts = setup(work)
-        print(f"wrk -t2 -c{args.connections} -d{args.seconds}s, {os.cpu_count()} cores, {time.strftime('%Y-%m-%dT%H:%MZ', time.gmtime())}")
+        config, scripts = setup(work, args.paced)
+        paced = f", paced: {args.paced} ms between a connection's requests" if args.paced else ", unpaced"
+        print(f"wrk -t2 -c{args.connections} -d{args.seconds}s{paced}, {os.cpu_count()} cores, {time.strftime('%Y-%m-%dT%H:%MZ', time.gmtime())}")
         print()
         print("| service | requests | store | CPU µs/request (median, min-max) | × bare | requests/s (median) | p99 (last) |")
         print("|---|---|---|---:|---:|---:|---:|")
