@@ -1,6 +1,7 @@
 // idemFetch: fetch with the Rust tool client's retry semantics (crates/idem-client,
 // docs/design.md §7): the key is derived once per intent and sent on every attempt as the
-// `Idempotency-Key` header and the JSON body's `idempotency_key`; exponential backoff with full
+// `Idempotency-Key` header (an RFC 8941 sf-string, or bare on request; in the JSON body's
+// `idempotency_key` too only when asked); exponential backoff with full
 // jitter; Retry-After honoured; 400/422 and other 4xx never retried; a side-effecting call
 // without a key never retried once it may have been sent.
 import { deriveFromJson } from "./derive.js";
@@ -40,20 +41,30 @@ export function backoffMs(policy, failed, retryAfter) {
   return retryAfter === null ? jitter : Math.max(retryAfter, jitter);
 }
 
+/** `key` as an RFC 8941 sf-string (a key is visible ASCII: only `\` and `"` are escaped). */
+export const sfString = (key) => `"${key.replace(/[\\"]/g, (c) => `\\${c}`)}"`;
+
 export const sleepMs = (ms) => new Promise((r) => setTimeout(r, ms));
 
 /**
  * `fetch(input, init)` for one tool call. `init.idem`: { tool, args, scope, key, ordinal,
- * secret, keyFields, class: "effect" | "idempotent" | "read", retry, onAttempt, and for tests
- * sleep, now, fetch }.
+ * secret, keyFields, class: "effect" | "idempotent" | "read", retry, onAttempt, keyHeader,
+ * keyInBody, and for tests sleep, now, fetch }.
  * An effect gets a key (derived from scope, tool and args unless `key` is given; `key: null`
- * sends it unkeyed). The body is `args` as JSON with `idempotency_key` added. Answers with the
- * last Response (check `ok`); throws when no attempt got an answer.
+ * sends it unkeyed), sent as the `Idempotency-Key` header: an RFC 8941 sf-string (`"k"`, as
+ * the IETF draft writes it), or with `keyHeader: "bare"` unquoted, for a service that compares
+ * raw header values. The body is `args` as JSON; `keyInBody: true` adds `idempotency_key` to
+ * it (off by default: a service whose model forbids extra fields would refuse the call).
+ * Answers with the last Response (check `ok`); throws when no attempt got an answer.
  */
 export async function idemFetch(input, init = {}) {
   const { idem = {}, ...rest } = init;
   const cls = idem.class ?? "effect";
   if (!["effect", "idempotent", "read"].includes(cls)) throw new TypeError(`class is effect, idempotent or read, not ${cls}`);
+  const keyHeader = idem.keyHeader ?? "sf-string";
+  if (keyHeader !== "sf-string" && keyHeader !== "bare") {
+    throw new TypeError(`keyHeader is "sf-string" (the key quoted, as the IETF draft writes it) or "bare" (unquoted), not ${JSON.stringify(keyHeader)}`);
+  }
   const retry = { ...RetryPolicy, ...(idem.retry ?? {}) };
   const doFetch = idem.fetch ?? globalThis.fetch;
   const sleep = idem.sleep ?? sleepMs;
@@ -73,13 +84,13 @@ export async function idemFetch(input, init = {}) {
   const headers = new Headers(rest.headers);
   let body = rest.body;
   if (idem.args !== undefined) {
-    const args = key !== null && idem.args && typeof idem.args === "object" && !Array.isArray(idem.args)
+    const args = idem.keyInBody && key !== null && idem.args && typeof idem.args === "object" && !Array.isArray(idem.args)
       ? { ...idem.args, idempotency_key: key }
       : idem.args;
     body = JSON.stringify(args);
     if (!headers.has("content-type")) headers.set("content-type", "application/json");
   }
-  if (key !== null) headers.set("idempotency-key", key);
+  if (key !== null) headers.set("idempotency-key", keyHeader === "bare" ? key : sfString(key));
   const repeatable = key !== null || cls !== "effect";
   const request = { method: "POST", ...rest, headers, body, redirect: "manual" };
 

@@ -171,10 +171,15 @@ export function idempotent(fn, options = {}) {
   let store = null; // the open store, once openStore has answered
 
   function call(...all) {
-    return otel.withToolSpan(tool, all[1], (span) => run(span, all));
+    return otel.withToolSpan(tool, all[1], (span) => run(span, all, false));
   }
 
-  async function run(span, all) {
+  /** As `call`, answering `{ value, outcome }`: how the call was answered (see `Outcome`). */
+  function callWithOutcome(...all) {
+    return otel.withToolSpan(tool, all[1], (span) => run(span, all, true));
+  }
+
+  async function run(span, all, withOutcome) {
     const [args, ...rest] = all;
     if (all.length > 0) plainArguments(tool, args);
     let argsJson;
@@ -216,7 +221,7 @@ export function idempotent(fn, options = {}) {
     if (outcome.kind !== "execute") otel.outcome(span, outcome.kind);
     switch (outcome.kind) {
       case "execute":
-        return execute(span, outcome.ticket, key, args, rest);
+        return execute(span, outcome.ticket, key, args, rest, withOutcome);
       case "replayed":
         if (outcome.body == null) {
           throw new ResultTooLargeError(
@@ -225,7 +230,11 @@ export function idempotent(fn, options = {}) {
           );
         }
         if (outcome.status === RAISED) throw replayError(outcome.body, key, keep.classOf);
-        return codec.decode(outcome.body);
+        if (!withOutcome) return codec.decode(outcome.body);
+        return {
+          value: codec.decode(outcome.body),
+          outcome: { key, replayed: true, attempts: outcome.attempts, replays: outcome.replays, saved: "stored" },
+        };
       case "in_flight":
         throw new InFlightError(`${tool}: another call with key ${key} is running; retry later with the same key`, { key });
       case "mismatch":
@@ -241,7 +250,7 @@ export function idempotent(fn, options = {}) {
     }
   }
 
-  async function execute(span, ticket, key, args, rest) {
+  async function execute(span, ticket, key, args, rest, withOutcome) {
     let value;
     try {
       value = await fn(args, ...rest);
@@ -270,8 +279,8 @@ export function idempotent(fn, options = {}) {
       );
     }
     otel.outcome(span, "executed");
-    await keepOutcome(key, () => (ticket.inline ? ticket.finishNow(RETURNED, body, codec.mediaType) : ticket.finish(RETURNED, body, codec.mediaType)));
-    return value;
+    const saved = await keepOutcome(key, () => (ticket.inline ? ticket.finishNow(RETURNED, body, codec.mediaType) : ticket.finish(RETURNED, body, codec.mediaType)));
+    return withOutcome ? { value, outcome: { key, replayed: false, attempts: 1, replays: 0, saved } } : value;
   }
 
   /** Finishes the ticket; the function already ran, so a failure here is a warning, not its result. */
@@ -285,8 +294,10 @@ export function idempotent(fn, options = {}) {
     if (saved.startsWith("lost")) {
       process.emitWarning(`idem: what ${tool} did (key ${key}) was not recorded (${saved}); a retry may meet an unknown outcome`);
     }
+    return saved;
   }
 
   Object.defineProperty(call, "name", { value: tool });
+  call.callWithOutcome = callWithOutcome;
   return call;
 }

@@ -106,7 +106,28 @@ export interface IdempotentOptions<A extends unknown[]> extends Omit<DeriveOptio
 export function idempotent<A extends unknown[], R>(
   fn: (...args: A) => Promise<R> | R,
   options?: IdempotentOptions<A>,
-): (...args: A) => Promise<Awaited<R>>;
+): IdempotentFunction<A, Awaited<R>>;
+
+/** How one call of an `idempotent()` function was answered (Python's `Outcome`). */
+export interface Outcome {
+  /** The call's key: the one given, or the one derived (for `idem inspect`). */
+  key: string;
+  /** true: a stored result (the function did not run); false: this call ran it. */
+  replayed: boolean;
+  /** How many times an executor took the key (a replay: the record's count; an execution: 1). */
+  attempts: number;
+  /** How many replays of the result the store had counted when it answered (a store that counts in batches, SQLite or PostgreSQL, may lag). */
+  replays: number;
+  /** An execution's record: "stored", "released", "unknown" or "lost: <why>" (a replay: "stored"). */
+  saved: string;
+}
+
+/** An `idempotent()` function: call it as `fn`, or with `callWithOutcome` to learn how it was answered. */
+export interface IdempotentFunction<A extends unknown[], R> {
+  (...args: A): Promise<R>;
+  /** As the function, answering `{ value, outcome }` (for a service that writes `Idempotent-Replayed` itself, or logs the key). */
+  callWithOutcome(...args: A): Promise<{ value: R; outcome: Outcome }>;
+}
 
 /** An open store (opened once per URL per process). */
 export interface Store {
@@ -132,8 +153,12 @@ export interface Attempt {
 }
 export interface IdemFetchOptions extends DeriveOptions {
   tool?: string;
-  /** JSON arguments: the body, with `idempotency_key` added. */
+  /** JSON arguments: the body (with `idempotency_key` added under `keyInBody`). */
   args?: unknown;
+  /** The header's key quoted as an RFC 8941 sf-string (default), or bare, for a service that compares raw header values. */
+  keyHeader?: "sf-string" | "bare";
+  /** Also add the key to a JSON object body as `idempotency_key` (default false). */
+  keyInBody?: boolean;
   scope?: ScopeLike | ((args: unknown) => ScopeLike);
   /** An explicit key; null sends an effect unkeyed (never repeated once it may have been sent). */
   key?: string | null;

@@ -52,7 +52,7 @@ async function closedPort() {
 
 const args = { customer: "cus_f", amount_cents: 4900 };
 
-test("a keyed effect is retried through 503 and a dropped connection with one key, sent as header and argument", async (t) => {
+test("a keyed effect is retried through 503 and a dropped connection with one key, sent as the header (an sf-string), the body as given", async (t) => {
   const { url, seen } = await server(t, [503, "drop", 200]);
   const { sleeps, sleep } = recorder();
   const res = await withScope("run-fetch", () => idemFetch(url, { idem: { tool: "charge_card", args, sleep } }));
@@ -61,11 +61,20 @@ test("a keyed effect is retried through 503 and a dropped connection with one ke
   const key = deriveKey("run-fetch", "charge_card", args);
   assert.equal(seen.length, 3);
   for (const s of seen) {
-    assert.equal(s.key, key);
-    assert.deepEqual(s.body, { ...args, idempotency_key: key });
+    assert.equal(s.key, `"${key}"`);
+    assert.deepEqual(s.body, args);
   }
   assert.equal(sleeps.length, 2);
   assert.ok(sleeps[0] <= 100 && sleeps[1] <= 200, `full jitter under the doubling bound: ${sleeps}`);
+});
+
+test("the bare header and the key in the body are the caller's choice", async (t) => {
+  const { url, seen } = await server(t, [200]);
+  await idemFetch(url, { idem: { args, scope: "s", keyHeader: "bare", keyInBody: true, sleep: recorder().sleep } });
+  const key = deriveKey("s", "charge_card", args);
+  assert.deepEqual(seen, [{ key, body: { ...args, idempotency_key: key } }]);
+  await assert.rejects(idemFetch(url, { idem: { args, scope: "s", keyHeader: "quoted" } }), /keyHeader is "sf-string" .* or "bare"/);
+  assert.equal(seen.length, 1, "nothing sent for a bad option");
 });
 
 test("400 and 422 end the call at once", async (t) => {

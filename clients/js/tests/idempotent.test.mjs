@@ -55,6 +55,27 @@ test("a repeated call replays the first result; the function runs once", async (
   assert.equal(calls.length, 2);
 });
 
+test("callWithOutcome says whether the call ran or replayed, with its key, on memory and SQLite", async (t) => {
+  for (const store of [memory(), `sqlite:${join(tmp(t), "outcome.db")}`]) {
+    const { fn, calls } = counter();
+    const charge = idempotent(fn, { tool: "charge", store });
+    const scope = scopeId("outcome");
+    await withScope(scope, async () => {
+      const first = await charge.callWithOutcome({ amount: 5 });
+      const again = await charge.callWithOutcome({ amount: 5 });
+      const key = deriveKey(scope, "charge", { amount: 5 });
+      assert.deepEqual(first, { value: { n: 1, echo: { amount: 5 } }, outcome: { key, replayed: false, attempts: 1, replays: 0, saved: "stored" } });
+      // The store's count of replays (SQLite counts them in batches, so it may lag).
+      const { replays, ...rest } = again.outcome;
+      assert.deepEqual({ value: again.value, outcome: rest }, { value: first.value, outcome: { key, replayed: true, attempts: 1, saved: "stored" } });
+      assert.ok(Number.isInteger(replays) && replays >= 0, `${replays}`);
+      // The plain call is unchanged: the value alone.
+      assert.deepEqual(await charge({ amount: 5 }), first.value);
+    });
+    assert.equal(calls.length, 1, store);
+  }
+});
+
 test("a thrown error releases the key by default; keepErrors stores and replays it", async () => {
   let n = 0;
   const flaky = idempotent(async () => {

@@ -38,6 +38,9 @@ const charge = idempotent(async (args: { customer: string; amount: number }) => 
 export async function main(): Promise<string> {
   const r = await withScope("run-1", () => charge({ customer: "c", amount: 5 }));
   const id: string = r.id;
+  const { value, outcome } = await charge.callWithOutcome({ customer: "c", amount: 5 });
+  const replayedId: string = value.id;
+  const seen: [string, boolean, string] = [outcome.key, outcome.replayed, outcome.saved];
   const s: Scope | undefined = currentScope();
   const again = Scope.from(JSON.parse(JSON.stringify(new Scope("x"))));
   try {
@@ -47,7 +50,7 @@ export async function main(): Promise<string> {
     if (e instanceof IdemError) console.log(e.message);
     if (e instanceof ToolArgumentsError || e instanceof KeyDerivationError || e instanceof ConfigurationError) console.log(e.key);
   }
-  const res: Response = await idemFetch("http://localhost/charge", { idem: { tool: "charge_card", args: { a: 1 }, scope: "run-1" } });
+  const res: Response = await idemFetch("http://localhost/charge", { idem: { tool: "charge_card", args: { a: 1 }, scope: "run-1", keyHeader: "bare", keyInBody: false } });
   const tools = withIdempotency(
     { add_row: tool({ inputSchema: z.object({ customer: z.string() }), execute: async ({ customer }) => customer }) },
     { store: "memory:" },

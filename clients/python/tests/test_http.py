@@ -155,10 +155,11 @@ class ThroughTheGateway(unittest.TestCase):
         self.assertGreaterEqual(info.attempts, 2)
         self.assertTrue(all(a.key == key and a.tool == "charge_card" for a in self.attempts))
         self.assertIsInstance(self.attempts[0].error, httpx.TransportError)
-        # The key went as the header and as the body's argument.
+        # The key went as the header, an sf-string; the body went as given (a service whose
+        # model forbids extra fields takes it).
         _, headers, body = self.upstream.executions[0]
-        self.assertEqual(headers["idempotency-key"].strip('"'), key)
-        self.assertEqual(body, {**args, "idempotency_key": key})
+        self.assertEqual(headers["idempotency-key"], f'"{key}"')
+        self.assertEqual(body, args)
         # The CLI reads the record the gateway kept.
         out = idem("inspect", key, "--store", self.store, "--principal", f"authorization: {PRINCIPAL['Authorization']}")
         self.assertIn("completed", out.stdout)
@@ -227,8 +228,30 @@ class ThroughTheGateway(unittest.TestCase):
         r = self.client().post(self.url, json={"a": 2}, headers={"Idempotency-Key": "given-1"})
         again = self.client().post(self.url, json={"a": 2}, headers={"Idempotency-Key": "given-1"})
         self.assertEqual((call_info(r).key, call_info(again).replayed), ("given-1", True))
-        self.assertEqual(self.upstream.executions[-1][2]["idempotency_key"], "given-1")
+        self.assertNotIn("idempotency_key", self.upstream.executions[-1][2])
         self.assertEqual(len(self.upstream.executions), 2)
+
+    def test_the_key_in_the_body_and_the_bare_header_are_the_callers_choice(self):
+        from idem_runtime import ConfigurationError, derive_key
+        from idem_runtime.http import IdempotentTransport, intent
+
+        args = {"customer": "cus_2", "amount_cents": 100}
+        key = derive_key("run-7", "charge_card", args)
+        self.client(key_header="bare").post(self.url, json=args, extensions=intent("charge_card"))
+        _, headers, body = self.upstream.executions[-1]
+        self.assertEqual((headers["idempotency-key"], body), (key, args))
+        # The gateway reads both spellings as one key: the quoted form replays the bare one.
+        again = self.client().post(self.url, json=args, extensions=intent("charge_card"))
+        self.assertEqual(again.headers.get("idempotent-replayed"), "true")
+        self.assertEqual(len(self.upstream.executions), 1)
+        # In the body too, when asked (the fingerprint then covers it: keep one setting per service).
+        other = {"customer": "cus_3", "amount_cents": 100}
+        self.client(key_in_body=True).post(self.url, json=other, extensions=intent("charge_card"))
+        key = derive_key("run-7", "charge_card", other)
+        self.assertEqual(self.upstream.executions[-1][2], {**other, "idempotency_key": key})
+        with self.assertRaises(ConfigurationError) as e:
+            IdempotentTransport(key_header="quoted")
+        self.assertIn("'sf-string'", str(e.exception))
 
 
 class AsyncThroughTheGateway(unittest.IsolatedAsyncioTestCase):

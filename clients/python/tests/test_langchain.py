@@ -136,6 +136,13 @@ class LangChainTest(unittest.TestCase):
     def tool_messages(result):
         return [m for m in result["messages"] if isinstance(m, ToolMessage)]
 
+    def test_the_readme_example_runs_with_langchains_fake_model(self):
+        """examples/agents/langchain_charge.py, run as a user runs it: one charge for two attempts."""
+        example = pathlib.Path(__file__).resolve().parents[3] / "examples" / "agents" / "langchain_charge.py"
+        out = subprocess.run([sys.executable, str(example)], capture_output=True, text=True, timeout=120)
+        self.assertEqual(out.returncode, 0, out.stdout + out.stderr)
+        self.assertIn("1 charge for 2 tool attempts", out.stdout)
+
     # -- LangChain agent: ToolRetryMiddleware retries after the loss -------------------------
 
     def test_tool_retry_middleware_after_a_lost_result_charges_once(self):

@@ -74,9 +74,10 @@ pub(crate) struct TargetArgs {
     pub(crate) store: StoreUrl,
     /// The scope label as stored: `anonymous` for callers without a principal (where they are
     /// allowed), `p:<hash>` for a hashed principal (the gateway logs it), or the name a runtime
-    /// chose.
-    #[arg(long, default_value = idem_core::scope::ANONYMOUS, value_name = "SCOPE", conflicts_with = "principal")]
-    pub(crate) scope: String,
+    /// chose [default: anonymous; with neither --scope nor --principal, a key not found there
+    /// is looked for in every scope].
+    #[arg(long, value_name = "SCOPE", conflicts_with = "principal")]
+    pub(crate) scope: Option<String>,
     /// One of the caller's headers, as the gateway hashes it into the scope: 'NAME: VALUE',
     /// e.g. 'authorization: Bearer tok' or 'cookie: session=abc'. Repeat it for each scope
     /// header the caller sent, in any order.
@@ -113,15 +114,22 @@ pub(crate) struct Target {
     pub(crate) store: StoreUrl,
     pub(crate) scope: Scope,
     pub(crate) key: Key,
+    /// Whether the scope was named (--scope or --principal), not the default.
+    pub(crate) named: bool,
 }
 
 impl TargetArgs {
     pub(crate) fn resolve(self) -> Result<Target> {
         let key = Key::new(self.key.clone())
             .with_context(|| format!("KEY {:?} is not a valid idempotency key", self.key))?;
+        let named = self.scope.is_some() || !self.principal.is_empty();
         let scope = if self.principal.is_empty() {
-            Scope::new(self.scope.clone())
-                .with_context(|| format!("--scope {:?} is not a valid scope", self.scope))?
+            let label = self
+                .scope
+                .clone()
+                .unwrap_or_else(|| idem_core::scope::ANONYMOUS.to_owned());
+            Scope::new(label.clone())
+                .with_context(|| format!("--scope {label:?} is not a valid scope"))?
         } else {
             // The gateway's own reading of its file, so the two hash alike.
             let file = match &self.config {
@@ -163,6 +171,7 @@ impl TargetArgs {
             store: self.store,
             scope,
             key,
+            named,
         })
     }
 }

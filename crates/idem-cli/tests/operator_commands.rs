@@ -27,6 +27,13 @@ fn stderr(o: &Output) -> String {
     String::from_utf8_lossy(&o.stderr).into_owned()
 }
 
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .expect("tokio runtime")
+}
+
 fn k(s: &str) -> Key {
     Key::new(s).expect("test key")
 }
@@ -50,10 +57,7 @@ fn req(key: &str, lease: Duration, retention: Duration) -> ClaimRequest {
 /// A file with: `done` completed (201, JSON body), `lost` abandoned, `gone1..3` expired.
 fn seeded_store(dir: &Path) -> PathBuf {
     let path = dir.join("idem.db");
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .expect("tokio runtime");
+    let rt = runtime();
     rt.block_on(async {
         let store = SqliteStore::open(&path).expect("open");
         let hour = Duration::from_secs(3600);
@@ -162,10 +166,7 @@ fn resolve_settles_an_abandoned_record_and_refuses_others() {
     assert!(o.status.success(), "{}", stderr(&o));
     assert!(stdout(&o).contains("resolved \"lost\""), "{}", stdout(&o));
 
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .unwrap();
+    let rt = runtime();
     let store = SqliteStore::open(&db).expect("open");
     let hour = Duration::from_secs(3600);
     match rt.block_on(store.claim(req("lost", hour, hour))) {
@@ -197,6 +198,65 @@ fn resolve_release_frees_the_key() {
     assert!(!o.status.success());
     assert!(
         stderr(&o).contains("no record for key \"lost\""),
+        "{}",
+        stderr(&o)
+    );
+}
+
+/// A record an authenticated caller made lives in its own scope: an operator with only the
+/// key finds it, and is told where the key is when more than one scope holds it.
+#[test]
+fn a_key_in_a_callers_scope_is_found_without_naming_the_scope() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = seeded_store(dir.path());
+    let url = format!("sqlite:{}", db.display());
+    let rt = runtime();
+    let store = SqliteStore::open(&db).expect("open");
+    let hour = Duration::from_secs(3600);
+    let in_scope = |scope: &str, key: &str| ClaimRequest {
+        scope: Scope::new(scope).expect("scope"),
+        ..req(key, hour, hour)
+    };
+    for (scope, key) in [
+        ("p:aaaa", "mine"),
+        ("p:bbbb", "shared"),
+        ("p:cccc", "shared"),
+    ] {
+        assert!(matches!(
+            rt.block_on(store.claim(in_scope(scope, key))),
+            Ok(Claim::Acquired(_))
+        ));
+    }
+    drop(store);
+
+    let o = idem(&["inspect", "--store", &url, "mine"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(stdout(&o).contains("in_flight"), "{}", stdout(&o));
+    assert!(stderr(&o).contains("in scope \"p:aaaa\""), "{}", stderr(&o));
+
+    // Two callers used the key: both are named, and nothing is chosen for the operator.
+    let o = idem(&["inspect", "--store", &url, "shared"]);
+    assert!(!o.status.success());
+    let e = stderr(&o);
+    assert!(e.contains("held in 2 scopes"), "{e}");
+    assert!(
+        e.contains("--scope p:bbbb") && e.contains("--scope p:cccc"),
+        "{e}"
+    );
+    let o = idem(&["inspect", "--store", &url, "--scope", "p:cccc", "shared"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+
+    // resolve says where the key is, and settles nothing on a guess.
+    let o = idem(&["resolve", "--store", &url, "mine", "--release"]);
+    assert!(!o.status.success());
+    assert!(stderr(&o).contains("--scope p:aaaa"), "{}", stderr(&o));
+    assert!(idem(&["inspect", "--store", &url, "mine"]).status.success());
+
+    // A named scope is looked in alone.
+    let o = idem(&["inspect", "--store", &url, "--scope", "anonymous", "mine"]);
+    assert!(!o.status.success());
+    assert!(
+        stderr(&o).contains("in scope \"anonymous\""),
         "{}",
         stderr(&o)
     );

@@ -94,6 +94,9 @@ pub struct ToolClient<T> {
     secret: Option<Vec<u8>>,
     observer: Option<Observer>,
     sleep: Sleeper,
+    /// Whether an effect's arguments carry its key as `idempotency_key` (see
+    /// [`ToolClient::key_in_args`]).
+    key_in_args: bool,
 }
 
 impl<T> fmt::Debug for ToolClient<T> {
@@ -113,6 +116,7 @@ impl<T: Transport> ToolClient<T> {
             secret: None,
             observer: None,
             sleep: Arc::new(|d| Box::pin(tokio::time::sleep(d))),
+            key_in_args: false,
         }
     }
 
@@ -126,6 +130,15 @@ impl<T: Transport> ToolClient<T> {
     /// ([design §7](docs/design.md#7-the-runtime-side)).
     pub fn secret(mut self, secret: impl Into<Vec<u8>>) -> Self {
         self.secret = Some(secret.into());
+        self
+    }
+
+    /// Also sends an effect's key as the argument `idempotency_key` (added to an object's
+    /// arguments), for a tool that reads it there. Off by default: on HTTP the
+    /// `Idempotency-Key` header is the key, and a service whose model forbids extra fields
+    /// would refuse every call ([design §7](docs/design.md#7-the-runtime-side)).
+    pub fn key_in_args(mut self, on: bool) -> Self {
+        self.key_in_args = on;
         self
     }
 
@@ -160,8 +173,9 @@ impl<T: Transport> ToolClient<T> {
         Ok(Some(key))
     }
 
-    /// Calls the tool: an effect gets its key derived once and sent, as the argument
-    /// `idempotency_key` and the `Idempotency-Key` header, on every attempt.
+    /// Calls the tool: an effect gets its key derived once and sent, as the `Idempotency-Key`
+    /// header (and the argument `idempotency_key` under [`ToolClient::key_in_args`]), on
+    /// every attempt.
     pub async fn call(&self, intent: &Intent) -> Result<Response, CallError> {
         let key = self.key_for(intent)?;
         self.call_with_key(intent, key).await
@@ -175,7 +189,7 @@ impl<T: Transport> ToolClient<T> {
         key: Option<Key>,
     ) -> Result<Response, CallError> {
         let mut args = intent.args.clone();
-        if let (Some(k), Value::Object(map)) = (&key, &mut args) {
+        if let (true, Some(k), Value::Object(map)) = (self.key_in_args, &key, &mut args) {
             map.insert("idempotency_key".into(), Value::from(k.as_str()));
         }
         // Effects without a key may not be repeated once they may have run; the rest may.

@@ -2,8 +2,9 @@
 //! runtimes that retries safely.
 //!
 //! For an effect (a tool that charges, sends, provisions) the key is derived **once**, at the
-//! point of intent, with [`idem_keys`], and sent on **every** attempt as the argument
-//! `idempotency_key` and the header `Idempotency-Key`. Retries use exponential backoff with full
+//! point of intent, with [`idem_keys`], and sent on **every** attempt as the header
+//! `Idempotency-Key` (an RFC 8941 sf-string, or bare: [`HttpTransport::bare_key_header`]; in the
+//! arguments too only when asked: [`ToolClient::key_in_args`]). Retries use exponential backoff with full
 //! jitter, bounded in attempts and total time, and honour `Retry-After` on 409, 429 and 503.
 //! Timeouts and resets are retried when that is safe: always with a key, never for an effect
 //! sent without one. 400 and 422 are never retried.

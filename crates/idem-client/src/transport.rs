@@ -12,7 +12,8 @@ use serde_json::Value;
 pub struct Request<'a> {
     /// The tool.
     pub tool: &'a str,
-    /// The arguments, `idempotency_key` already inserted for effects.
+    /// The arguments (with `idempotency_key` inserted for an effect when the client was told
+    /// to, [`crate::ToolClient::key_in_args`]).
     pub args: &'a Value,
     /// The key, for effects: sent as `Idempotency-Key` where the transport has headers.
     pub key: Option<&'a Key>,
@@ -59,6 +60,8 @@ pub struct HttpTransport {
     client: reqwest::Client,
     base: String,
     routes: std::collections::HashMap<String, String>,
+    /// The header's key unquoted ([`HttpTransport::bare_key_header`]).
+    bare_key: bool,
 }
 
 impl HttpTransport {
@@ -79,7 +82,17 @@ impl HttpTransport {
             client,
             base: base.into().trim_end_matches('/').to_owned(),
             routes: std::collections::HashMap::new(),
+            bare_key: false,
         })
+    }
+
+    /// Writes the `Idempotency-Key` header's key as it is, not as the RFC 8941 sf-string the
+    /// IETF draft writes (`"k"`): for a service that compares raw header values, which would
+    /// take `"k"` and `k` for two keys (many Stripe-style APIs). idem's own front ends read
+    /// both as one.
+    pub fn bare_key_header(mut self) -> Self {
+        self.bare_key = true;
+        self
     }
 
     /// Sends `tool` to `path` under the base instead of `/{tool}`.
@@ -110,7 +123,11 @@ impl Transport for HttpTransport {
             .header(reqwest::header::CONTENT_TYPE, "application/json")
             .body(req.args.to_string());
         if let Some(key) = req.key {
-            http = http.header("idempotency-key", key.to_header_value());
+            http = if self.bare_key {
+                http.header("idempotency-key", key.as_str())
+            } else {
+                http.header("idempotency-key", key.to_header_value())
+            };
         }
         let classify = |e: reqwest::Error| {
             if e.is_connect() {

@@ -100,8 +100,7 @@ impl Flaky {
                 .lock()
                 .map(|mut s| {
                     s.push(Seen {
-                        header_key: header("idempotency-key")
-                            .map(|k| k.trim_matches('"').to_owned()),
+                        header_key: header("idempotency-key"),
                         body_key: body["idempotency_key"].as_str().map(str::to_owned),
                     })
                 })
@@ -198,9 +197,11 @@ async fn an_effect_sends_the_same_key_through_every_kind_of_failure() {
 
     let seen = server.seen();
     assert_eq!(seen.len(), 6);
+    // The header carries the key as an sf-string; the arguments go as given.
+    let quoted = format!("\"{}\"", want.as_str());
     for s in &seen {
-        assert_eq!(s.header_key.as_deref(), Some(want.as_str()), "{seen:?}");
-        assert_eq!(s.body_key.as_deref(), Some(want.as_str()), "{seen:?}");
+        assert_eq!(s.header_key.as_deref(), Some(quoted.as_str()), "{seen:?}");
+        assert_eq!(s.body_key, None, "{seen:?}");
     }
     let log = attempts(&log);
     assert_eq!(log.len(), 6);
@@ -220,6 +221,22 @@ async fn an_effect_sends_the_same_key_through_every_kind_of_failure() {
             (_, None) => panic!("attempt {} was not followed by a retry", a.number),
         }
     }
+}
+
+#[tokio::test]
+async fn the_bare_header_and_the_key_in_the_arguments_are_the_callers_choice() {
+    let (addr, server) = Flaky::start(&[Act::Reply(200, None)]).await;
+    let transport = HttpTransport::new(format!("http://{addr}/tools"), Duration::from_millis(300))
+        .expect("HTTP transport")
+        .bare_key_header();
+    let c = ToolClient::new(transport).key_in_args(true);
+    let it = intent(ToolPolicy::effect(Category::Money));
+    let want = c.key_for(&it).unwrap().expect("no key");
+    assert_eq!(c.call(&it).await.unwrap().status, 200);
+    let seen = server.seen();
+    assert_eq!(seen.len(), 1);
+    assert_eq!(seen[0].header_key.as_deref(), Some(want.as_str()));
+    assert_eq!(seen[0].body_key.as_deref(), Some(want.as_str()));
 }
 
 #[tokio::test]

@@ -89,7 +89,10 @@ fn ask_model(tool: &mut Map<String, Value>) {
         req.push(json!(KEY_ARG));
     }
     let description = match tool.get("description").and_then(Value::as_str) {
-        Some(d) if !d.trim().is_empty() => format!("{} {KEY_SENTENCE}", d.trim_end()),
+        // A paragraph of its own: the original may end without a full stop, in a list or a
+        // code block ("...in the knowledge graph This tool has side effects" read as one
+        // sentence), and a model reads a separate paragraph as a separate instruction.
+        Some(d) if !d.trim().is_empty() => format!("{}\n\n{KEY_SENTENCE}", d.trim_end()),
         _ => KEY_SENTENCE.to_owned(),
     };
     tool.insert("description".into(), Value::String(description));
@@ -212,13 +215,19 @@ mod tests {
         assert_eq!(s["properties"][KEY_ARG]["type"], "string");
         assert_eq!(s["properties"]["amount_cents"]["type"], "integer");
         assert_eq!(s["required"], json!(["amount_cents", KEY_ARG]));
-        let d = t["description"].as_str().unwrap_or_default();
-        assert!(
-            d.starts_with("Charges a card. This tool has side effects"),
-            "{d}"
+        assert_eq!(
+            t["description"],
+            format!("Charges a card.\n\n{KEY_SENTENCE}")
         );
         assert_eq!(t["execution"], json!({"taskSupport": "optional"}));
         assert_eq!(t["x-future"], json!([1, 2]));
+        // One that ends without a full stop (the memory server's) does not run into it.
+        let mut t = json!({"name": "create_entities", "description": "Create entities in the knowledge graph  \n"});
+        present(&mut t, KeySource::Model);
+        assert_eq!(
+            t["description"],
+            format!("Create entities in the knowledge graph\n\n{KEY_SENTENCE}")
+        );
     }
 
     #[test]

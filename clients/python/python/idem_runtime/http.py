@@ -11,8 +11,12 @@
 The key of a call is derived once, before the first attempt, from the scope (the transport's,
 the intent's, or ``with idem_runtime.scope(...)``), the tool name and the JSON body, or given
 (``intent(tool, key=...)``, an ``Idempotency-Key`` header, or the body's ``idempotency_key``).
-Every attempt sends it as the ``Idempotency-Key`` header and as the body's
-``idempotency_key``. Then:
+Every attempt sends it as the ``Idempotency-Key`` header, an RFC 8941 sf-string
+(``"run_...-charge_card-..."``, quoted, as the IETF draft writes it); a service that compares the
+raw header value (many Stripe-style APIs) sees ``"k"`` and ``k`` as two keys, so
+``key_header="bare"`` sends the key unquoted. The body is sent as given: ``key_in_body=True``
+also adds the key to a JSON object body as ``idempotency_key``, for a service that reads it
+there (one whose model forbids extra fields would refuse it). Then:
 
 - 409, 429, 503, other 5xx and transport failures are retried with exponential backoff and
   full jitter (``RetryPolicy``: 5 attempts, 100 ms doubling to 10 s, none started after 60 s),
@@ -51,6 +55,9 @@ from .errors import ConfigurationError, KeyDerivationError, OutcomeUnknownError,
 EXTENSION = "idem"
 HEADER = "Idempotency-Key"
 REPLAYED_HEADER = "Idempotent-Replayed"
+
+#: How the key is written in the header: quoted (RFC 8941 sf-string), or as it is.
+KEY_HEADER_FORMS = ("sf-string", "bare")
 
 READS = frozenset({"GET", "HEAD", "OPTIONS", "TRACE"})
 IDEMPOTENT = frozenset({"PUT", "DELETE"})
@@ -156,6 +163,7 @@ class _Config:
     retry: RetryPolicy
     on_attempt: Optional[Callable[[Attempt], Any]]
     key_in_body: bool
+    key_header: str
 
 
 @dataclass
@@ -253,7 +261,7 @@ class _Call:
     def _keyed(self, parsed: Any, body: bytes) -> httpx.Request:
         assert self.key is not None
         headers = self.request.headers.copy()
-        headers[HEADER] = _quote(self.key)
+        headers[HEADER] = _quote(self.key) if self.config.key_header == "sf-string" else self.key
         if self.config.key_in_body and isinstance(parsed, dict) and parsed.get(KEY_ARGUMENT) != self.key:
             body = json.dumps({**parsed, KEY_ARGUMENT: self.key}, ensure_ascii=False, separators=(",", ":")).encode()
             for name in ("content-length", "transfer-encoding"):
@@ -322,12 +330,18 @@ class _Base:
         secret: Union[None, str, bytes] = None,
         retry: RetryPolicy = DEFAULT_RETRY,
         on_attempt: Optional[Callable[[Attempt], Any]] = None,
-        key_in_body: bool = True,
+        key_in_body: bool = False,
+        key_header: str = "sf-string",
         sleep: Optional[Callable[[float], Any]] = None,
     ) -> None:
         if not isinstance(retry, RetryPolicy):
             raise ConfigurationError(f"retry must be an idem_runtime.http.RetryPolicy, not {retry!r}")
-        self._config = _Config(scope, secret, retry, on_attempt, key_in_body)
+        if key_header not in KEY_HEADER_FORMS:
+            raise ConfigurationError(
+                f"key_header is 'sf-string' (the key quoted, as the IETF draft writes it) or 'bare' "
+                f"(unquoted, for a service that compares raw header values), not {key_header!r}"
+            )
+        self._config = _Config(scope, secret, retry, on_attempt, key_in_body, key_header)
         self._inner = inner if inner is not None else self._default_inner()
         self._sleep = sleep if sleep is not None else type(self)._default_sleep
 
@@ -344,8 +358,9 @@ class IdempotentTransport(_Base, httpx.BaseTransport):
     """Wraps a sync httpx transport (``inner``, default ``httpx.HTTPTransport()``; pass your
     own for TLS or proxy settings); see the module's documentation for what is keyed and
     retried. ``scope`` and ``secret`` are the keys' defaults; ``retry`` the
-    :class:`RetryPolicy`; ``on_attempt`` sees every :class:`Attempt`; ``key_in_body=False``
-    sends the key as the header only; ``sleep`` replaces ``time.sleep`` (tests record
+    :class:`RetryPolicy`; ``on_attempt`` sees every :class:`Attempt`; ``key_in_body=True``
+    also adds the key to a JSON object body; ``key_header="bare"`` writes the header's key
+    unquoted; ``sleep`` replaces ``time.sleep`` (tests record
     instead of waiting)."""
 
     _default_inner = staticmethod(httpx.HTTPTransport)

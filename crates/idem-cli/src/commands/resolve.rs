@@ -7,7 +7,12 @@ use idem_core::{Clock, Resolution, Store, StoreError, StoredResponse, SystemCloc
 use crate::cli::ResolveArgs;
 
 pub(crate) async fn run(args: ResolveArgs) -> Result<()> {
-    let crate::cli::Target { store, scope, key } = args.target.resolve()?;
+    let crate::cli::Target {
+        store,
+        scope,
+        key,
+        named,
+    } = args.target.resolve()?;
     let (k, s) = (key.as_str().to_owned(), scope.as_str().to_owned());
     let resolution = match (args.release, args.status) {
         (true, None) => Resolution::Release,
@@ -39,6 +44,14 @@ pub(crate) async fn run(args: ResolveArgs) -> Result<()> {
         Ok(Some(record)) => {
             println!("resolved {k:?} in scope {s:?}: retries now replay this result");
             print!("{}", crate::render::text(&record, SystemClock.now()));
+        }
+        // No scope named: say where the key is, and settle nothing on a guess.
+        Err(StoreError::NotFound) if !named => {
+            let (found, more) = super::scopes_holding(&store, &key).await?;
+            bail!(
+                "{}",
+                super::elsewhere(&key, &found, more, SystemClock.now())
+            )
         }
         Err(StoreError::NotFound) => bail!(
             "no record for key {k:?} in scope {s:?}: it was never claimed, was released, or its retention ended (a caller with a principal has its own scope: pass --principal 'authorization: ...' or the --scope the gateway logged)"
