@@ -142,36 +142,24 @@ def failure(name: str, e: errors.IdemError) -> Any:
         raise e
     if isinstance(e, _NOT_CONFIGURED):
         logger.error("%s was not run: idem is not configured for it: %s", name, e)
-        return ToolFailure(
-            message=f"{name} was not run, and calling it again will not help: {e}",
-            reason=ToolFailureReason.TOOL_REPORTED,
-            code=type(e).__name__,
-            retryable=False,
-        )
-    if isinstance(e, errors.StoreUnavailableError):
+        message, retryable = f"{name} was not run, and calling it again will not help: {e}", False
+    elif isinstance(e, errors.StoreUnavailableError):
         # A wrong URL and a store that is down look alike; either way an operator must know.
         logger.error("%s was not run: idem's store cannot be used: %s", name, e)
-        return ToolFailure(
-            message=f"{name} was not run: its idempotency store cannot be used right now, so nothing ran; try again later. ({e})",
-            reason=ToolFailureReason.TOOL_REPORTED,
-            code=type(e).__name__,
-            retryable=True,
-        )
-    if isinstance(e, errors.InFlightError):
-        what, retryable = "another call with the same arguments is still running; do not call it again yet, wait for it", True
+        message = f"{name} was not run: its idempotency store cannot be used right now, so nothing ran; try again later. ({e})"
+        retryable = True
+    elif isinstance(e, errors.InFlightError):
+        message = f"{name} was not run: another call with the same arguments is still running; do not call it again yet, wait for it. ({e})"
+        retryable = True
     elif isinstance(e, errors.OutcomeUnknownError):
-        what, retryable = (
-            "an earlier call with the same arguments may have acted and its outcome is unknown; do not "
-            "call it again: an operator must check and resolve it",
-            False,
+        message = (
+            f"{name} was not run: an earlier call with the same arguments may have acted and its outcome is "
+            f"unknown; do not call it again: an operator must check and resolve it. ({e})"
         )
+        retryable = False
     elif isinstance(e, errors.KeyMismatchError):
-        what, retryable = "its idempotency key was used before with other arguments; nothing ran", False
+        message = f"{name} was not run: its idempotency key was used before with other arguments; nothing ran. ({e})"
+        retryable = False
     else:
         raise e
-    return ToolFailure(
-        message=f"{name} was not run: {what}. ({e})",
-        reason=ToolFailureReason.TOOL_REPORTED,
-        code=type(e).__name__,
-        retryable=retryable,
-    )
+    return ToolFailure(message=message, reason=ToolFailureReason.TOOL_REPORTED, code=type(e).__name__, retryable=retryable)
