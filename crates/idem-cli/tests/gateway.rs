@@ -207,12 +207,19 @@ async fn an_upstream_timeout_is_an_unknown_outcome_until_an_operator_resolves_it
         "the unknown outcome was retried"
     );
 
-    // The record is the caller's, not the anonymous scope's; the operator names the caller.
-    let anonymous = idem(&["inspect", "slowpoke"], &g.db);
+    // The record is the caller's, not the anonymous scope's: named, that scope has none; not
+    // named, the key is looked for in every scope and found in the caller's.
+    let anonymous = idem(&["inspect", "slowpoke", "--scope", "anonymous"], &g.db);
     assert!(!anonymous.status.success());
     assert!(
         String::from_utf8_lossy(&anonymous.stderr).contains("--principal"),
         "{anonymous:?}"
+    );
+    let anywhere = idem(&["inspect", "slowpoke"], &g.db);
+    assert!(anywhere.status.success(), "{anywhere:?}");
+    assert!(
+        String::from_utf8_lossy(&anywhere.stderr).contains("in scope \"p:"),
+        "{anywhere:?}"
     );
     let principal = "authorization: Bearer agent-7";
     let inspect = idem(&["inspect", "slowpoke", "--principal", principal], &g.db);

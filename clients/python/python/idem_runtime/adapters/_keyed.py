@@ -13,11 +13,13 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import logging
 from typing import Any, Awaitable, Callable, Dict, Iterator, Mapping, Optional, Sequence, Tuple, Union
 
 from .._decorator import Outcome, idempotent
 from .._keys import KEY_ARGUMENT, derive_key
 from .._scope import Scope, current_scope, scope as scope_context
+from .. import errors
 from ..errors import ConfigurationError, IdemError, ReplayedError
 
 Fields = Union[None, str, Sequence[str]]
@@ -173,3 +175,32 @@ def idem_metadata(outcome: Outcome) -> Dict[str, Any]:
     """What an adapter attaches to a tool's answer where the framework keeps data the model
     does not see: the key (for ``idem inspect``) and whether this answer is a replay."""
     return {"idem": {"key": outcome.key, "replayed": outcome.replayed}}
+
+
+_log = logging.getLogger("idem_runtime")
+
+
+def refusal(name: str, e: IdemError) -> Optional[Tuple[str, bool]]:
+    """For a framework that hands a tool's failure to the model as text (CrewAI, Strands): what
+    the model reads when idem ran nothing, and whether calling again later may help; ``None``
+    for an error that is not such a refusal (a kept error replayed is the tool's own). "Not
+    configured" and a store that cannot be used are also logged at ERROR: no model can fix
+    them, and a framework that turns them into text would otherwise hide them."""
+    if isinstance(e, (errors.ScopeMissingError, ConfigurationError, errors.KeyDerivationError)):
+        _log.error("%s was not run: idem is not configured for it: %s", name, e)
+        return f"{name} was not run, and calling it again will not help: {e}", False
+    if isinstance(e, errors.StoreUnavailableError):
+        # A wrong URL and a store that is down look alike; either way an operator must know.
+        _log.error("%s was not run: idem's store cannot be used: %s", name, e)
+        return f"{name} was not run: its idempotency store cannot be used right now, so nothing ran; try again later. ({e})", True
+    if isinstance(e, errors.InFlightError):
+        return f"{name} was not run: another call with the same arguments is still running; do not call it again yet, wait for it. ({e})", True
+    if isinstance(e, errors.OutcomeUnknownError):
+        return (
+            f"{name} was not run: an earlier call with the same arguments may have acted and its outcome is "
+            f"unknown; do not call it again: an operator must check and resolve it. ({e})",
+            False,
+        )
+    if isinstance(e, errors.KeyMismatchError):
+        return f"{name} was not run: its idempotency key was used before with other arguments; nothing ran. ({e})", False
+    return None

@@ -42,7 +42,6 @@ released (a retry runs again) unless ``keep_errors=`` lists them.
 from __future__ import annotations
 
 import inspect
-import logging
 from typing import Any, Callable, Mapping, Optional, Union
 
 from .._requires import requires
@@ -55,14 +54,9 @@ with requires("adapters.crewai", "crewai", "crewai 1.15.30"):
 
 from .._scope import Scope
 from .. import errors
-from ._keyed import Fields, KeyedTools, explicit_or_current, first_scope
+from ._keyed import Fields, KeyedTools, explicit_or_current, first_scope, refusal
 
 ArgsScope = Union[None, str, Scope, Callable[[Mapping[str, Any]], Union[None, str, Scope]]]
-
-logger = logging.getLogger("idem_runtime")
-
-#: idem's answers that mean it is not set up: no model can fix them.
-_NOT_CONFIGURED = (errors.ScopeMissingError, errors.ConfigurationError, errors.KeyDerivationError)
 
 
 def run_scope(name: str, args: Mapping[str, Any], scope: ArgsScope = None) -> str:
@@ -138,28 +132,8 @@ def positional(name: str, args: tuple) -> None:
 def failure(name: str, e: errors.IdemError) -> Any:
     """idem's answer as a CrewAI ToolFailure (see the module docstring); a kept error of the
     first call, replayed, is raised as the tool's own."""
-    if isinstance(e, errors.ReplayedError):
+    said = None if isinstance(e, errors.ReplayedError) else refusal(name, e)
+    if said is None:
         raise e
-    if isinstance(e, _NOT_CONFIGURED):
-        logger.error("%s was not run: idem is not configured for it: %s", name, e)
-        message, retryable = f"{name} was not run, and calling it again will not help: {e}", False
-    elif isinstance(e, errors.StoreUnavailableError):
-        # A wrong URL and a store that is down look alike; either way an operator must know.
-        logger.error("%s was not run: idem's store cannot be used: %s", name, e)
-        message = f"{name} was not run: its idempotency store cannot be used right now, so nothing ran; try again later. ({e})"
-        retryable = True
-    elif isinstance(e, errors.InFlightError):
-        message = f"{name} was not run: another call with the same arguments is still running; do not call it again yet, wait for it. ({e})"
-        retryable = True
-    elif isinstance(e, errors.OutcomeUnknownError):
-        message = (
-            f"{name} was not run: an earlier call with the same arguments may have acted and its outcome is "
-            f"unknown; do not call it again: an operator must check and resolve it. ({e})"
-        )
-        retryable = False
-    elif isinstance(e, errors.KeyMismatchError):
-        message = f"{name} was not run: its idempotency key was used before with other arguments; nothing ran. ({e})"
-        retryable = False
-    else:
-        raise e
+    message, retryable = said
     return ToolFailure(message=message, reason=ToolFailureReason.TOOL_REPORTED, code=type(e).__name__, retryable=retryable)

@@ -1,8 +1,8 @@
 """The CrewAI adapter (idem_runtime.adapters.crewai) under the real framework, in a virtualenv of
 its own (crewai and the mcp pinned in tests/requirements.txt cannot be installed together):
 
-    python -m venv /tmp/crew && /tmp/crew/bin/pip install ./clients/python -r clients/python/tests_crewai/requirements.txt
-    cd clients/python && IDEM_BIN=target/debug/idem /tmp/crew/bin/python -m unittest discover -s tests_crewai -v
+    python -m venv /tmp/crew && /tmp/crew/bin/pip install ./clients/python -r clients/python/tests_own_venv/requirements.txt
+    cd clients/python && IDEM_BIN=target/debug/idem /tmp/crew/bin/python -m unittest discover -s tests_own_venv -v
 
 A crew's agent runs on a scripted ``BaseLLM`` (no model is called) that asks for ``charge_card``
 twice, as a model does after its tool reported an error. Between idem and CrewAI a lossy layer
@@ -18,14 +18,12 @@ import asyncio
 import json
 import os
 import pathlib
-import subprocess
 import sys
-import tempfile
 import threading
 import unittest
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "tests"))
-from test_mcp_proxy import idem_binary, missing_for  # noqa: E402  (one place finds the CLI)
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+from own_support import StoreTest, missing_for  # noqa: E402
 
 import idem_runtime  # noqa: E402
 
@@ -33,7 +31,7 @@ os.environ.setdefault("CREWAI_DISABLE_TELEMETRY", "true")
 os.environ.setdefault("CREWAI_TRACING_ENABLED", "false")
 os.environ.setdefault("OTEL_SDK_DISABLED", "true")
 
-WHY = missing_for(["crewai"], "pip install -r clients/python/tests_crewai/requirements.txt")
+WHY = missing_for(["crewai"], "pip install -r clients/python/tests_own_venv/requirements.txt")
 
 if not WHY:
     from crewai import Agent, Crew, Task
@@ -120,11 +118,9 @@ def lossy_async(t):
 
 
 @unittest.skipIf(WHY, WHY or "")
-class CrewAITest(unittest.TestCase):
+class CrewAITest(StoreTest):
     def setUp(self):
-        self.dir = tempfile.TemporaryDirectory()
-        self.addCleanup(self.dir.cleanup)
-        self.store = f"sqlite:{pathlib.Path(self.dir.name) / 'idem.db'}"
+        super().setUp()
         self.charges = []
         charges = self.charges
 
@@ -142,12 +138,6 @@ class CrewAITest(unittest.TestCase):
                       tools=tools, verbose=False)
         task = Task(description="charge order 7: cus_1, 4900 cents", expected_output="a confirmation", agent=agent)
         return Crew(agents=[agent], tasks=[task], verbose=False, **crew).kickoff(), llm
-
-    def inspect_cli(self, key):
-        out = subprocess.run([str(idem_binary()), "inspect", key, "--store", self.store, "--json"],
-                             capture_output=True, text=True, timeout=60)
-        self.assertEqual(out.returncode, 0, out.stderr)
-        return json.loads(out.stdout)
 
     def test_a_lost_answer_retried_by_the_agent_charges_once(self):
         from crewai.execution import get_execution_uuid
