@@ -187,6 +187,48 @@ class CrewAITest(StoreTest):
         self.assertEqual(result.raw, "charged")
         self.assertEqual(self.charges, [("cus_1", 4900)])
 
+    def test_a_returned_tool_failure_is_not_stored_and_a_returned_coroutine_is_run(self):
+        runs = []
+
+        @tool("charge_card")
+        def flaky(customer: str, amount_cents: int):
+            """Charge a customer's card."""
+            runs.append(1)
+            if len(runs) == 1:  # CrewAI's way to report a failure without raising
+                return ToolFailure(message="payment gateway unavailable", retryable=True)
+
+            async def charge():
+                return "charged"
+
+            return charge()  # a plain function answering a coroutine: CrewAI's Tool.run awaits it
+
+        wrapped = idempotent_tool(flaky, store=self.store)
+        with idem_runtime.scope("order-9"):
+            first = wrapped.run(**ARGS)
+            second = wrapped.run(**ARGS)
+            third = wrapped.run(**ARGS)
+        self.assertIsInstance(first, ToolFailure, "the failure is the tool's, given as it was")
+        self.assertEqual((second, third), ("charged", "charged"), "released: the retry ran; then replayed")
+        self.assertEqual(len(runs), 2)
+
+    def test_an_idem_refusal_inside_the_tool_is_the_tools_own_error(self):
+        @idem_runtime.idempotent(store=self.store)
+        def notify(order_id: str, text: str) -> str:
+            return "sent"
+
+        with idem_runtime.scope("job-1"):
+            notify(order_id="o-7", text="another text", idempotency_key="job-1-notify-o-7")
+
+        @tool("checkout")
+        def checkout(order_id: str) -> str:
+            """Ship an order and notify the customer."""
+            return notify(order_id=order_id, text="shipped", idempotency_key=f"job-1-notify-{order_id}")
+
+        wrapped = idempotent_tool(checkout, store=self.store)
+        # Not "checkout was not run": it ran, and its own call was refused; CrewAI reports the error.
+        with idem_runtime.scope("job-1"), self.assertRaises(idem_runtime.KeyMismatchError):
+            wrapped.run(order_id="o-7")
+
     def test_a_store_that_cannot_be_opened_fails_the_run_it_would_have_hidden(self):
         broken = idempotent_tool(self.tool, store="postgres://idem@127.0.0.1:1/none?connect_timeout=1")
         # CrewAI's default: the failure is recorded and reported, and logged at ERROR by idem.

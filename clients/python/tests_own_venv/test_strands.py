@@ -30,6 +30,7 @@ if not WHY:
     from strands import Agent, tool
     from strands.hooks import AfterToolCallEvent, HookProvider
     from strands.models.model import Model
+    from strands.session.file_session_manager import FileSessionManager
 
     from idem_runtime.adapters.strands import IdempotencyHooks
 
@@ -114,9 +115,10 @@ class StrandsTest(StoreTest):
 
         self.tools = [charge_card, lookup]
 
-    def run_agent(self, script, hooks, prompt="charge order 7", **kwargs):
+    def run_agent(self, script, hooks, prompt="charge order 7", session=None, **kwargs):
         model = ScriptedModel(script)
-        agent = Agent(model=model, tools=self.tools, hooks=hooks, callback_handler=None)
+        sessions = None if session is None else FileSessionManager(session_id=session, storage_dir=self.dir.name)
+        agent = Agent(model=model, tools=self.tools, hooks=hooks, callback_handler=None, session_manager=sessions)
         result = agent(prompt, **kwargs)
         return agent, model, result
 
@@ -124,16 +126,23 @@ class StrandsTest(StoreTest):
         return IdempotencyHooks(tools=["charge_card"], store=self.store, **kw)
 
     def test_a_lost_answer_asked_again_by_the_model_charges_once(self):
-        agent, model, result = self.run_agent([use(1), use(2), DONE], [LoseOnce(), self.idem()])
+        agent, model, result = self.run_agent([use(1), use(2), DONE], [LoseOnce(), self.idem()], session="thread-7")
         self.assertEqual(self.charges, [("cus_1", 4900)], "one charge, however many calls")
         self.assertEqual(str(result).strip(), "charged")
         # The second call was answered with the stored result, under its own toolUseId.
         answer = model.seen[2]["content"][0]["toolResult"]
         self.assertEqual((answer["toolUseId"], answer["status"]), ("tooluse_2", "success"))
         self.assertEqual(answer["content"], [{"text": "charged cus_1 4900"}])
-        # The scope is the agent's session id; the record is in the store.
-        key = idem_runtime.derive_key(agent.session_id, "charge_card", ARGS)
+        # The scope is the session manager's session id; the record is in the store.
+        self.assertEqual(agent.session_id, "thread-7")
+        key = idem_runtime.derive_key("thread-7", "charge_card", ARGS)
         self.assertEqual(self.inspect_cli(key)["state"], "completed")
+        # A new agent on the same session (a restart) replays; one without a session manager
+        # is a scope of its own, idem's uuid4 (Strands' own id has only 32 random bits).
+        self.run_agent([use(3), DONE], [self.idem()], session="thread-7")
+        self.assertEqual(len(self.charges), 1)
+        self.run_agent([use(4), DONE], [self.idem()])
+        self.assertEqual(len(self.charges), 2)
 
     def test_without_idem_the_same_retry_charges_twice(self):
         self.run_agent([use(1), use(2), DONE], [LoseOnce()])
@@ -152,6 +161,57 @@ class StrandsTest(StoreTest):
         # A tool not named runs every time (a read must not replay its first answer).
         _, model, _ = self.run_agent([use(1, "lookup", {"customer": "cus_1"}), DONE], [self.idem()])
         self.assertEqual(model.seen[1]["content"][0]["toolResult"]["content"], [{"text": "cus_1: 0"}])
+
+    def test_keep_and_unknown_errors_decide_as_for_the_decorator(self):
+        class Declined(Exception):
+            pass
+
+        class GatewayTimeout(Exception):
+            pass
+
+        calls = []
+
+        @tool
+        def charge_card(customer: str, amount_cents: int) -> str:
+            """Charge a customer's card."""
+            calls.append(1)
+            raise (Declined if amount_cents == 1 else GatewayTimeout)("card declined" if amount_cents == 1 else "timed out after sending")
+
+        self.tools = [charge_card]
+        hooks = self.idem(keep_errors=[Declined], unknown_errors=[GatewayTimeout])
+        small = {"customer": "cus_1", "amount_cents": 1}
+        _, model, _ = self.run_agent([use(1, args=small), use(2, args=small), use(3), use(4), DONE], [hooks])
+        answers = [m["content"][0]["toolResult"] for m in model.seen[1:]]
+        self.assertEqual(len(calls), 2, "a kept error is replayed, an unknown outcome refused: each ran once")
+        self.assertEqual([a["status"] for a in answers], ["error"] * 4)
+        self.assertIn("Declined - card declined", json.dumps(answers[1]))
+        self.assertIn("outcome is unknown", json.dumps(answers[3]))
+
+    def test_a_tool_yielding_plain_values_and_bytes_content(self):
+        from strands.types.tools import AgentTool
+
+        runs = []
+
+        class Pdf(AgentTool):
+            tool_name = "make_invoice"
+            tool_type = "python"
+            tool_spec = {"name": "make_invoice", "description": "Make an invoice.",
+                         "inputSchema": {"json": {"type": "object", "properties": {"customer": {"type": "string"}}}}}
+
+            async def stream(self, tool_use, invocation_state, **kwargs):
+                runs.append(1)
+                yield {"progress": "rendering"}
+                yield {"toolUseId": tool_use["toolUseId"], "status": "success",
+                       "content": [{"document": {"format": "pdf", "name": "invoice", "source": {"bytes": b"%PDF\x00\x01"}}}]}
+
+        self.tools = [Pdf()]
+        args = {"customer": "cus_1"}
+        _, model, _ = self.run_agent([use(1, "make_invoice", args), use(2, "make_invoice", args), DONE],
+                                     [IdempotencyHooks(tools=["make_invoice"], store=self.store)], session="t-9")
+        self.assertEqual(len(runs), 1)
+        for message in model.seen[1:]:
+            block = message["content"][0]["toolResult"]["content"][0]
+            self.assertEqual(block["document"]["source"]["bytes"], b"%PDF\x00\x01")
 
     def test_the_tools_own_error_releases_the_key(self):
         calls = []

@@ -35,12 +35,21 @@ ToolFailurePolicy.RAISE`` on the tool, agent, task or crew, the run stops):
   (these arguments were used with another intent's key): nothing ran, and the text says what
   the model may do.
 
-The tool's own exceptions are the tool's: CrewAI reports them as before, and the key is
-released (a retry runs again) unless ``keep_errors=`` lists them.
+The tool's own exceptions are the tool's (an idem refusal of an ``@idempotent`` call inside
+it included): CrewAI reports them as before, and the key is released (a retry runs again)
+unless ``keep_errors=`` or ``unknown_errors=`` list them. A ``ToolFailure`` the tool returns
+is given as it was and releases the key too; a coroutine a plain function returns is run, as
+CrewAI's ``Tool.run`` does.
+
+Two limits. A crew restored with ``Crew.from_checkpoint`` rebuilds its tools from their
+classes, without idem: wrap them again before resuming. And ``Flow.chat()`` with tracing on
+keeps one execution id for every turn of the conversation, so a turn asking the same charge
+again replays it there: pass a per-turn or business ``scope=`` where that is a new intent.
 """
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 from typing import Any, Callable, Mapping, Optional, Union
 
@@ -90,21 +99,40 @@ def idempotent_tool(
 
     def sync(invoke: Callable[..., Any]) -> Callable[..., Any]:
         def run(*args: Any, **kwargs: Any) -> Any:
+            call = _Call()
+
+            def body() -> Any:
+                call.ran = True
+                result = invoke(**kwargs)
+                if inspect.isawaitable(result):
+                    # A plain function that returns a coroutine: run it, as CrewAI's Tool.run does.
+                    result = asyncio.run(_awaited(result))
+                return call.kept(result)
+
             try:
                 positional(name, args)
-                return keyed.call_sync(name, kwargs, run_scope(name, kwargs, scope), lambda: invoke(**kwargs))[0]
-            except errors.IdemError as e:
-                return failure(name, e)
+                return keyed.call_sync(name, kwargs, run_scope(name, kwargs, scope), body)[0]
+            except Exception as e:
+                return call.answer(name, e)
 
         return run
 
     def asynchronous(invoke: Callable[..., Any]) -> Callable[..., Any]:
         async def run(*args: Any, **kwargs: Any) -> Any:
+            call = _Call()
+
+            async def body() -> Any:
+                call.ran = True
+                result = invoke(**kwargs)
+                if inspect.isawaitable(result):
+                    result = await result
+                return call.kept(result)
+
             try:
                 positional(name, args)
-                return (await keyed.call(name, kwargs, run_scope(name, kwargs, scope), lambda: invoke(**kwargs)))[0]
-            except errors.IdemError as e:
-                return failure(name, e)
+                return (await keyed.call(name, kwargs, run_scope(name, kwargs, scope), body))[0]
+            except Exception as e:
+                return call.answer(name, e)
 
         return run
 
@@ -118,6 +146,39 @@ def idempotent_tool(
     object.__setattr__(copy, "_run", sync(tool._run))
     object.__setattr__(copy, "_arun", asynchronous(tool._arun))
     return copy
+
+
+class _NotStored(Exception):
+    """The tool reported a failure (returned a ToolFailure): released, so a retry runs it again."""
+
+
+class _Call:
+    """One call: whether the engine ran the tool, and a ToolFailure it returned."""
+
+    def __init__(self) -> None:
+        self.ran = False
+        self.reported: Any = None
+
+    def kept(self, result: Any) -> Any:
+        """The tool's result for the engine to store; a ToolFailure is not one."""
+        if isinstance(result, ToolFailure):
+            self.reported = result
+            raise _NotStored()
+        return result
+
+    def answer(self, name: str, e: Exception) -> Any:
+        """What CrewAI gets when the engine raised: the tool's own ToolFailure or exception as
+        they were (an idem refusal from an ``@idempotent`` call inside the tool included),
+        or, where the tool did not run, idem's refusal (``failure``)."""
+        if isinstance(e, _NotStored):
+            return self.reported
+        if self.ran or not isinstance(e, errors.IdemError):
+            raise e
+        return failure(name, e)
+
+
+async def _awaited(awaitable: Any) -> Any:
+    return await awaitable
 
 
 def positional(name: str, args: tuple) -> None:

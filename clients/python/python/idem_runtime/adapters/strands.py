@@ -15,14 +15,19 @@ for a retry (``AfterToolCallEvent.retry``), or a resumed session gets the stored
 **The scope**, in order: ``scope=`` (a value, or a function of the call's
 ``invocation_state``), the current ``with idem_runtime.scope(...)``, an ``idem_scope`` the
 caller passed in ``invocation_state`` (``agent(prompt, invocation_state={"idem_scope":
-job_id})``), else the agent's ``session_id``: a session manager's (the conversation, kept
-across restarts), or without one a random id per ``Agent`` object (lost on restart). Within
+job_id})``), else the agent's session: a session manager's ``session_id`` (the
+conversation, kept across restarts), or without one a uuid4 idem keeps per ``Agent`` object
+(lost on restart). Within
 a session the same charge asked again in a later turn replays too: pass a business id as the
 scope where a repeat is a new intent. Never the ``toolUseId``: it is new each time.
 
-**Results.** A result with status ``success`` is stored and replayed (its ``content``, which
-must be JSON: text and JSON blocks are); one with status ``error`` (Strands turns the tool's
-exception into one) releases the key, so a retry runs again, and reaches the model as it was.
+**Results.** A result with status ``success`` is stored and replayed (its ``content``, bytes
+included); one with status ``error`` (Strands turns the tool's exception into one) reaches
+the model as it was, and the tool's exception decides as for ``@idempotent``: released (a
+retry runs again), kept (``keep_errors=``: replayed as an error result) or unknown
+(``unknown_errors=``: later calls are refused until an operator resolves the key). A tool
+that yields plain values has its last one as its result, as Strands reads it. Strands'
+structured-output tool and agents used as tools are never wrapped.
 idem's refusals reach the model as an ``error`` result saying what to do: in flight (wait,
 do not call again yet), unknown outcome (an operator must resolve it), key reused; "not
 configured" (no scope, a store that cannot be opened) is also logged at ERROR on the
@@ -32,12 +37,16 @@ under this call's ``toolUseId``; ``idem inspect KEY`` shows the record and its r
 
 from __future__ import annotations
 
+import base64
+import uuid
+import weakref
 from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Union
 
 from .._requires import requires
 
 with requires("adapters.strands", "strands-agents", "strands-agents 1.62.0"):
     from strands.hooks import BeforeToolCallEvent, HookProvider, HookRegistry
+    from strands.types._events import ToolInterruptEvent, ToolStreamEvent
     from strands.types.events import ToolResultEvent
     from strands.types.tools import AgentTool, ToolUse
 
@@ -49,6 +58,10 @@ StateScope = Union[None, str, Scope, Callable[[Mapping[str, Any]], Union[None, s
 
 #: The key an invocation may carry its scope under: ``invocation_state={"idem_scope": ...}``.
 STATE_SCOPE = "idem_scope"
+
+#: Tools that are never wrapped: Strands' structured output (it keeps its answer in the call's
+#: context, which a replay would not fill) and agents as tools (their own tools are the effects).
+_NOT_EFFECTS = frozenset({"structured_output", "agent"})
 
 
 class IdempotencyHooks(HookProvider):
@@ -64,20 +77,34 @@ class IdempotencyHooks(HookProvider):
         key_fields: Optional[Mapping[str, Fields]] = None,
         **options: Any,
     ) -> None:
+        if isinstance(tools, str):
+            raise errors.ConfigurationError(f"tools is a list of tool names, such as [{tools!r}], not one string")
         self.tools = None if tools is None else frozenset(tools)
         self.scope = scope
         self.keyed = KeyedTools(options, key_fields)
+        # An agent without a session manager: a uuid4 of idem's own per Agent object (Strands'
+        # own id is 32 random bits, too few to keep unrelated agents' keys apart in one store).
+        self._agents: "weakref.WeakKeyDictionary[Any, str]" = weakref.WeakKeyDictionary()
 
     def register_hooks(self, registry: HookRegistry, **kwargs: Any) -> None:
         registry.add_callback(BeforeToolCallEvent, self._before_tool_call)
 
     def _before_tool_call(self, event: BeforeToolCallEvent) -> None:
         tool = event.selected_tool
-        if tool is None or isinstance(tool, _Idempotent):
+        if tool is None or isinstance(tool, _Idempotent) or tool.tool_type in _NOT_EFFECTS:
             return
         if self.tools is not None and tool.tool_name not in self.tools:
             return
-        event.selected_tool = _Idempotent(tool, self, getattr(event.agent, "session_id", None))
+        event.selected_tool = _Idempotent(tool, self, self._session(event.agent))
+
+    def _session(self, agent: Any) -> Optional[str]:
+        """The agent's session id where a session manager gives one, else idem's id for it."""
+        if getattr(agent, "_session_manager", None) is not None:
+            return getattr(agent, "session_id", None)
+        try:
+            return self._agents.setdefault(agent, uuid.uuid4().hex)
+        except TypeError:  # not weakly referenceable: Strands' own id
+            return getattr(agent, "session_id", None)
 
     def run_scope(self, name: str, invocation_state: Mapping[str, Any], session_id: Optional[str]) -> str:
         """The scope of a call's key, as the module docstring says; never the toolUseId."""
@@ -93,12 +120,18 @@ class IdempotencyHooks(HookProvider):
         return found
 
 
-class _ToolError(Exception):
-    """The tool's own error result: released (a retry runs it again), then given as it was."""
+class _NotStored(Exception):
+    """The tool answered without a result to keep (an error result, or an interrupt): the
+    key is released, so a retry runs it again, and what it answered is given as it was."""
 
-    def __init__(self, event: Any) -> None:
-        super().__init__("the tool answered an error result")
-        self.event = event
+
+class _Call:
+    """What one run of the tool answered: the events to pass on, and the result."""
+
+    def __init__(self) -> None:
+        self.ran = False
+        self.passed: List[Any] = []
+        self.result: Any = None  # the ToolResultEvent to give, when not the stored one
 
 
 class _Idempotent(AgentTool):
@@ -123,39 +156,97 @@ class _Idempotent(AgentTool):
         return self.inner.tool_type
 
     async def stream(self, tool_use: ToolUse, invocation_state: Dict[str, Any], **kwargs: Any) -> Any:
-        name, use_id = self.tool_name, tool_use.get("toolUseId", "unknown")
+        name, use_id = self.tool_name, str(tool_use.get("toolUseId", "unknown"))
         args = tool_use.get("input") or {}
-        passed: List[Any] = []  # the tool's own events, given on once it has answered
+        call = _Call()
 
         async def invoke() -> Dict[str, Any]:
-            last = None
-            async for event in self.inner.stream(tool_use, invocation_state, **kwargs):
-                if isinstance(event, ToolResultEvent):
-                    last = event
-                else:
-                    passed.append(event)
-            result = last.tool_result if last is not None else None
-            if result is None or result.get("status") != "success":
-                raise _ToolError(last)
-            return {"status": "success", "content": result.get("content", [])}
+            call.ran = True
+            result = await _run(self.inner, tool_use, invocation_state, kwargs, call)
+            if result.tool_result.get("status") != "success":
+                call.result = result
+                # The tool's own exception, where it raised one, so that keep_errors= and
+                # unknown_errors= decide as they do for @idempotent; else released.
+                raise result.exception if result.exception is not None else _NotStored()
+            return {"status": "success", "content": _stored(result.tool_result.get("content", []))}
 
         try:
             scope_id = self.hooks.run_scope(name, invocation_state, self.session_id)
             stored, _ = await self.hooks.keyed.call(name, args, scope_id, invoke)
-        except _ToolError as e:
-            for event in passed:
-                yield event
-            yield e.event if e.event is not None else _error(use_id, f"{name} gave no result")
+        except Exception as e:
+            if call.ran:
+                # What the tool itself answered (an error result, an interrupt), as it was.
+                for event in call.passed:
+                    yield event
+                if call.result is not None:
+                    yield call.result
+                return
+            said = refusal(name, e) if isinstance(e, errors.IdemError) and not isinstance(e, errors.ReplayedError) else None
+            if said is not None:
+                yield _error(use_id, said[0])
+            else:
+                # An error the first call kept (keep_errors=), replayed: as Strands shows one.
+                yield _error(use_id, f"Error: {type(e).__name__} - {e}")
             return
-        except errors.IdemError as e:
-            said = None if isinstance(e, errors.ReplayedError) else refusal(name, e)
-            if said is None:
-                raise
-            yield _error(use_id, said[0])
-            return
-        for event in passed:
+        for event in call.passed:
             yield event
-        yield ToolResultEvent({"toolUseId": use_id, "status": stored["status"], "content": stored["content"]})
+        yield ToolResultEvent({"toolUseId": use_id, "status": stored["status"], "content": _restored(stored["content"])})
+
+
+async def _run(inner: AgentTool, tool_use: ToolUse, invocation_state: Dict[str, Any], kwargs: Dict[str, Any], call: _Call) -> Any:
+    """Runs the tool as Strands' executor does: a ToolResultEvent ends it; a tool that yields
+    plain values has its last one as the result; an interrupt ends it without one; an
+    exception is an error result. The other events are kept for ``call.passed``."""
+    last_raw: Any = None
+    yielded = False
+    try:
+        async for event in inner.stream(tool_use, invocation_state, **kwargs):
+            if isinstance(event, ToolInterruptEvent):
+                call.passed.append(event)
+                raise _NotStored()
+            if isinstance(event, ToolResultEvent):
+                return event
+            call.passed.append(event if isinstance(event, ToolStreamEvent) else ToolStreamEvent(tool_use, event))
+            yielded, last_raw = True, event
+    except _NotStored:
+        raise
+    except Exception as error:
+        return ToolResultEvent(
+            {"toolUseId": str(tool_use.get("toolUseId")), "status": "error", "content": [{"text": f"Error: {error}"}]},
+            exception=error,
+        )
+    if not yielded:
+        return ToolResultEvent(
+            {"toolUseId": str(tool_use.get("toolUseId")), "status": "error",
+             "content": [{"text": f"Tool '{tool_use.get('name')}' did not return a result"}]}
+        )
+    call.passed.pop()  # the last raw value is the result, not an event of its own
+    return ToolResultEvent(last_raw)
+
+
+#: How bytes (an image's, a document's) are kept in a stored result, which is JSON.
+_BYTES = "$idem_bytes"
+
+
+def _stored(value: Any) -> Any:
+    """A result's content as JSON: bytes as base64 under ``_BYTES``, restored on replay."""
+    if isinstance(value, (bytes, bytearray)):
+        return {_BYTES: base64.b64encode(bytes(value)).decode("ascii")}
+    if isinstance(value, dict):
+        return {k: _stored(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_stored(v) for v in value]
+    return value
+
+
+def _restored(value: Any) -> Any:
+    if isinstance(value, dict):
+        if set(value) == {_BYTES} and isinstance(value[_BYTES], str):
+            return base64.b64decode(value[_BYTES])
+        return {k: _restored(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_restored(v) for v in value]
+    return value
 
 
 def _error(use_id: str, text: str) -> Any:
