@@ -32,7 +32,7 @@ pub(crate) async fn run(args: InspectArgs) -> Result<()> {
                 bail!("{}", super::elsewhere(&key, &[], false, SystemClock.now()));
             };
             eprintln!(
-                "key {k:?} is not in scope \"anonymous\"; the one record of it is in scope {:?}",
+                "key {k:?} is not in scope {s:?}; the one record of it is in scope {:?}",
                 only.scope.as_str()
             );
             record

@@ -68,7 +68,8 @@ pub(crate) fn elsewhere(
         );
     }
     let mut out = format!(
-        "key {k:?} is not in scope \"anonymous\"; it is held in {} scope{}:",
+        "key {k:?} is not in scope {:?}; it is held in {} scope{}:",
+        idem_core::scope::ANONYMOUS,
         found.len(),
         if found.len() == 1 { "" } else { "s" }
     );
