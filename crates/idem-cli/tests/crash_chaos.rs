@@ -1,8 +1,10 @@
 //! Crash chaos: the real `idem serve` under keyed load, killed with SIGKILL at random moments
 //! and restarted on the same store, on SQLite, PostgreSQL and Redis (a private server with
 //! `appendonly yes`, `appendfsync always`, which the store accepts without
-//! `durability=volatile`). On Redis, one kill in three is of the Redis server instead,
-//! restarted on its AOF: a claim it acknowledged must survive it.
+//! `durability=volatile`) and a Redis Cluster. On Redis, one kill in three is of the Redis
+//! server instead, restarted on its AOF: a claim it acknowledged must survive it. On the
+//! cluster, it is of a master, whose replica takes over: a claim the store acknowledged must
+//! be on the replica.
 //!
 //! The upstream lives in this process, which is never killed, and notes every execution per
 //! key. Clients send each intent with one key and retry across the gateway's deaths until
@@ -20,7 +22,7 @@ mod support;
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::process::{Child, Command, Stdio};
+
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -34,6 +36,7 @@ use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
+use idem_conformance::redis_servers::{Persistence, RedisCluster, RedisServer};
 use support::{Gateway, record_of, serve_on_loopback, start_gateway_on};
 
 /// Concurrent clients, each sending one intent after another.
@@ -189,7 +192,7 @@ impl Chaos<'_> {
 /// Keyed load from [`CLIENTS`] clients while the gateway on `store` is killed and restarted
 /// for [`chaos_duration`], then [`verify`] on the gateway left running. With `server`, one
 /// kill in three is of the store's server instead, restarted on its own files.
-async fn chaos(store: &str, name: &str, mut server: Option<&mut DurableRedis>) {
+async fn chaos(store: &str, name: &str, mut server: Option<&mut dyn StoreServer>) {
     let (up_addr, executions) = start_counting_upstream().await;
     let setup = Chaos {
         store,
@@ -240,7 +243,7 @@ async fn chaos(store: &str, name: &str, mut server: Option<&mut DurableRedis>) {
         if let Some(server) = server.as_deref_mut()
             && rand::random_range(0..3) == 0
         {
-            tokio::task::block_in_place(|| server.kill_and_restart());
+            tokio::task::block_in_place(|| server.kill_and_recover());
             tally.server_kills += 1;
             continue;
         }
@@ -362,80 +365,52 @@ async fn sigkill_chaos_on_postgres() {
     }
 }
 
-/// A private Redis that appends every write to its AOF and fsyncs it before answering, in
-/// its own directory; killed when dropped.
-struct DurableRedis {
-    child: Child,
-    port: u16,
-    dir: tempfile::TempDir,
+/// A store server the chaos kills too, and brings back.
+trait StoreServer {
+    fn kill_and_recover(&mut self);
 }
 
-impl DurableRedis {
-    /// `None` when there is no `redis-server` to run (the test skips).
-    fn start(test: &str) -> Option<DurableRedis> {
-        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .and_then(|l| l.local_addr())
-            .map(|a| a.port())
-            .unwrap_or_else(|e| panic!("{e}"));
-        let child = match spawn_redis(port, dir.path()) {
-            Ok(child) => child,
-            Err(e) => {
-                idem_conformance::skip(test, &format!("cannot run redis-server: {e}"));
-                return None;
-            }
-        };
-        let redis = DurableRedis { child, port, dir };
-        redis.wait_until_up();
-        Some(redis)
-    }
-
-    /// SIGKILL, then the same server again on the same files: what it acknowledged must be
-    /// in its AOF.
-    fn kill_and_restart(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-        self.child = spawn_redis(self.port, self.dir.path())
-            .unwrap_or_else(|e| panic!("restarting redis-server: {e}"));
-        self.wait_until_up();
-    }
-
-    fn wait_until_up(&self) {
-        let addr = format!("127.0.0.1:{}", self.port);
-        for _ in 0..400 {
-            if std::net::TcpStream::connect(&addr).is_ok() {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(25));
-        }
-        panic!("redis-server did not listen on {addr}");
+/// SIGKILL, then the same server again on the same files: what it acknowledged must be in
+/// its AOF.
+impl StoreServer for RedisServer {
+    fn kill_and_recover(&mut self) {
+        self.restart();
     }
 }
 
-fn spawn_redis(port: u16, dir: &std::path::Path) -> std::io::Result<Child> {
-    Command::new("redis-server")
-        .args(["--bind", "127.0.0.1", "--port", &port.to_string()])
-        .args(["--appendonly", "yes", "--appendfsync", "always"])
-        .args(["--save", "", "--dir"])
-        .arg(dir)
-        .stdout(Stdio::null())
-        .spawn()
-}
-
-impl Drop for DurableRedis {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+/// SIGKILL of a master while its replica lags 200 ms behind; the replica takes over its
+/// slots, and the old master comes back as a replica: what the store acknowledged must have
+/// reached the replica (the store waits for one on each claim and completion).
+impl StoreServer for RedisCluster {
+    fn kill_and_recover(&mut self) {
+        self.fail_over_a_master(Duration::from_millis(200));
     }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "crash chaos: run by .ci/run's own step"]
 async fn sigkill_chaos_on_redis_with_aof() {
-    let Some(mut redis) = DurableRedis::start("sigkill_chaos_on_redis_with_aof") else {
+    let test = "sigkill_chaos_on_redis_with_aof";
+    let Some(mut redis) = RedisServer::start(test, Persistence::AofAlways) else {
         return;
     };
     // No durability=volatile: the store refuses a server that could lose a claim.
-    let store = format!("redis://127.0.0.1:{}/?prefix=idem-chaos", redis.port);
+    let store = format!("{}?prefix=idem-chaos", redis.url());
     chaos(&store, "Redis (AOF, appendfsync always)", Some(&mut redis)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "crash chaos: run by .ci/run's own step"]
+async fn sigkill_chaos_on_a_redis_cluster() {
+    let test = "sigkill_chaos_on_a_redis_cluster";
+    let Some(mut cluster) = tokio::task::block_in_place(|| RedisCluster::start(test)) else {
+        return;
+    };
+    let store = cluster.url("?prefix=idem-chaos");
+    chaos(
+        &store,
+        "Redis Cluster (3 masters, 3 replicas, AOF)",
+        Some(&mut cluster),
+    )
+    .await;
 }

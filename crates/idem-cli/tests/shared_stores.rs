@@ -215,3 +215,21 @@ async fn two_gateways_on_redis() {
         Err(e) => eprintln!("could not delete keys under {prefix}: {e}"),
     }
 }
+
+/// The same race on a Redis Cluster (three masters with a replica each, every node with an
+/// fsynced AOF): both gateways connect with one `redis+cluster://` URL, and the durable
+/// store waits for a replica on each claim and completion.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_gateways_on_a_redis_cluster() {
+    let test = "two_gateways_on_a_redis_cluster";
+    let Some(cluster) = tokio::task::spawn_blocking(move || {
+        idem_conformance::redis_servers::RedisCluster::start(test)
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}")) else {
+        return;
+    };
+    let prefix = unique("idem-e2e-");
+    two_gateways_one_store(&cluster.url(&format!("?prefix={prefix}"))).await;
+    drop(cluster);
+}

@@ -27,6 +27,11 @@ macro_rules! __conformance_cases {
             }
         )*
     };
+    (@each [sequence $harness:expr] $($case:ident,)*) => {
+        $(
+            $crate::run(&$harness, stringify!($case), $crate::cases::$case);
+        )*
+    };
     ($($how:tt)*) => {
         $crate::__conformance_cases! { @each [$($how)*]
             get_of_absent_key_is_none,

@@ -22,6 +22,7 @@
 use std::io::Write as _;
 pub mod cases;
 pub mod load;
+pub mod redis_servers;
 
 use std::future::Future;
 use std::sync::Arc;
@@ -192,5 +193,15 @@ where
 macro_rules! conformance_suite {
     ($harness:expr) => {
         $crate::__conformance_cases!(tests $harness);
+    };
+}
+
+/// Runs every conformance case in turn, inside one test: for a backend that a test starts
+/// and stops itself (a private server, a cluster), which must outlive every case and be gone
+/// when the test ends. The same list as [`conformance_suite!`].
+#[macro_export]
+macro_rules! conformance_sequence {
+    ($harness:expr) => {
+        $crate::__conformance_cases!(sequence $harness);
     };
 }

@@ -61,7 +61,10 @@ fn claims(c: &mut Criterion) {
         let store = RedisStore::connect(opts.clone())
             .await
             .unwrap_or_else(|e| panic!("{e}"));
-        let client = redis::Client::open(opts.url.as_str()).unwrap_or_else(|e| panic!("{e}"));
+        let idem_store_redis::Server::Single(server) = &opts.server else {
+            panic!("this benchmark's raw rows need one server, not a cluster")
+        };
+        let client = redis::Client::open(server.as_str()).unwrap_or_else(|e| panic!("{e}"));
         let raw = ConnectionManager::new(client)
             .await
             .unwrap_or_else(|e| panic!("{e}"));

@@ -15,11 +15,16 @@
 //! `appendfsync always`) or evict a record is refused at connect, unless the URL says
 //! `durability=volatile` ([`Durability`]).
 
+mod connection;
+mod durability;
+mod layout;
 mod listing;
 mod options;
 mod reply;
 mod scripts;
 mod store;
 
-pub use options::{DEFAULT_PREFIX, Durability, RedisOptions, RedisUrlError};
+pub use options::{
+    CLUSTER_SCHEME, DEFAULT_PREFIX, Durability, RedisOptions, RedisUrlError, Server,
+};
 pub use store::RedisStore;

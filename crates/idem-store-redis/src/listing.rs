@@ -1,102 +1,150 @@
 //! An operator's listing of records ([`ListRecords`]) for the gateway's admin page.
 //!
-//! Redis has no index by state or by key, so a listing SCANs the store's record keys
-//! (`PREFIX:r:*`) and reads the fields the listing shows of each with `HMGET` (never the
-//! stored response), a batch per round trip. The scan is bounded:
-//! it reads no more than [`MAX_SCANNED`] records and makes no more than [`MAX_SCAN_CALLS`]
-//! SCAN calls (each examines about [`SCAN_COUNT`] keys of the whole database, other
-//! applications' included), and says so (`more`) when it stopped before the end. Nothing is
-//! written, and each round trip has the store's operation timeout.
+//! A listing reads this store's own indexes (layout.rs), never the server's keyspace: what it
+//! costs follows the records under this prefix, not other prefixes' or other applications'
+//! keys in the same Redis. It reads state by state, in the listing's order: the abandoned
+//! records (each shard's `live` index up to now), then those in flight (`live` after now),
+//! then the completed (`expiry`, latest retention first), and stops after a state once it has
+//! a full page, so abandoned records are never crowded out by completed ones. Of each record
+//! it reads the fields the listing shows with `HMGET` (never the stored response), one
+//! pipeline per shard, the shards at once. It reads no more than [`MAX_READ`] records and
+//! says so (`more`) when it stopped before the end. Nothing is written, and each round trip
+//! has the store's operation timeout.
 
-use idem_core::{ListRecords, Listing, RecordFilter, StoreError};
+use futures_util::future::try_join_all;
+use idem_core::{ListRecords, Listed, Listing, RecordFilter, RecordState, StoreError, Timestamp};
 use redis::Value;
 
+use crate::layout::Shard;
 use crate::reply::{self, corrupt};
 use crate::store::{RedisStore, within};
 
-/// The most record keys one listing reads; past it the listing reports `more`.
-pub(crate) const MAX_SCANNED: usize = 10_000;
+/// The most records one listing reads; past it the listing reports `more`.
+pub(crate) const MAX_READ: usize = 10_000;
 
-/// The most SCAN calls one listing makes: about 100,000 keys of the database examined.
-pub(crate) const MAX_SCAN_CALLS: usize = 200;
+/// One state's slice of a shard's indexes, as `ZRANGE` arguments.
+struct Tier {
+    state: RecordState,
+    /// Which index: `live` or `expiry`.
+    live: bool,
+    /// `ZRANGE index min max BYSCORE [REV]` bounds (in the order `ZRANGE` takes them).
+    bounds: (String, String),
+    rev: bool,
+}
 
-/// Keys asked of each SCAN call (a hint to Redis, which may return more or fewer).
-const SCAN_COUNT: usize = 500;
+fn tiers(now: Timestamp) -> [Tier; 3] {
+    let now = now.as_millis();
+    [
+        Tier {
+            state: RecordState::Abandoned,
+            live: true,
+            bounds: ("-inf".into(), now.to_string()),
+            rev: false,
+        },
+        Tier {
+            state: RecordState::InFlight,
+            live: true,
+            bounds: (format!("({now}"), "+inf".into()),
+            rev: false,
+        },
+        Tier {
+            state: RecordState::Completed,
+            live: false,
+            // Latest retention first: close to "newest first", which the page is sorted by.
+            bounds: ("+inf".into(), format!("({now}")),
+            rev: true,
+        },
+    ]
+}
 
-/// `s` with the glob characters SCAN's MATCH would interpret escaped.
-fn glob_escape(s: &str) -> String {
-    let mut out = String::with_capacity(s.len());
-    for c in s.chars() {
-        if matches!(c, '*' | '?' | '[' | ']' | '\\') {
-            out.push('\\');
+impl RedisStore {
+    /// The records of one tier in one shard, at most `budget` of them.
+    async fn tier_of_shard(
+        &self,
+        shard: &Shard,
+        tier: &Tier,
+        budget: usize,
+    ) -> Result<(Vec<Listed>, bool), StoreError> {
+        let mut con = self.connection();
+        let timeout = self.op_timeout();
+        let index = if tier.live {
+            shard.live()
+        } else {
+            shard.expiry()
+        };
+        let mut range = redis::cmd("ZRANGE");
+        range
+            .arg(&index)
+            .arg(&tier.bounds.0)
+            .arg(&tier.bounds.1)
+            .arg("BYSCORE");
+        if tier.rev {
+            range.arg("REV");
         }
-        out.push(c);
+        // One more than the budget: whether more were there.
+        range.arg("LIMIT").arg(0).arg(budget + 1);
+        let mut keys: Vec<String> =
+            within(timeout, "read index", range.query_async(&mut con)).await?;
+        let cut = keys.len() > budget;
+        keys.truncate(budget);
+        if keys.is_empty() {
+            return Ok((Vec::new(), cut));
+        }
+        let mut pipe = redis::pipe();
+        for k in &keys {
+            pipe.cmd("HMGET").arg(k).arg(&reply::LISTED_FIELDS);
+        }
+        let replies: Vec<Value> =
+            within(timeout, "read records", pipe.query_async(&mut con)).await?;
+        if replies.len() != keys.len() {
+            return Err(corrupt("HMGET pipeline answered a different count"));
+        }
+        let mut found = Vec::with_capacity(replies.len());
+        for v in &replies {
+            // Expired and deleted by Redis since it was indexed: absent.
+            if let Some(r) = reply::listed(v)? {
+                found.push(r);
+            }
+        }
+        Ok((found, cut))
     }
-    out
 }
 
 impl ListRecords for RedisStore {
     async fn list(&self, filter: &RecordFilter) -> Result<Listing, StoreError> {
         let now = self.redis_now().await?;
-        let pattern = format!("{}:r:*", glob_escape(self.prefix()));
-        let mut con = self.connection();
-        let timeout = self.op_timeout();
-        let mut cursor: u64 = 0;
-        let mut scanned = 0;
-        let mut calls = 0;
+        let shards: Vec<Shard> = Shard::all(self.prefix()).collect();
+        let per_shard = MAX_READ / (shards.len() * 3);
         let mut found = Vec::new();
-        loop {
-            let (next, keys): (u64, Vec<String>) = within(
-                timeout,
-                "scan",
-                redis::cmd("SCAN")
-                    .arg(cursor)
-                    .arg("MATCH")
-                    .arg(&pattern)
-                    .arg("COUNT")
-                    .arg(SCAN_COUNT)
-                    .query_async(&mut con),
-            )
-            .await?;
-            scanned += keys.len();
-            calls += 1;
-            if !keys.is_empty() {
-                let mut pipe = redis::pipe();
-                for k in &keys {
-                    pipe.cmd("HMGET").arg(k).arg(&reply::LISTED_FIELDS);
-                }
-                let replies: Vec<Value> =
-                    within(timeout, "read records", pipe.query_async(&mut con)).await?;
-                if replies.len() != keys.len() {
-                    return Err(corrupt("HMGET pipeline answered a different count"));
-                }
-                for v in &replies {
-                    // A key deleted between SCAN and HMGET reads as nil fields: absent.
-                    if let Some(r) = reply::listed(v)?
-                        && filter.matches(&r, now)
-                    {
-                        found.push(r);
-                    }
-                }
+        let mut more = false;
+        for tier in tiers(now) {
+            if filter.state.is_some_and(|s| s != tier.state) {
+                continue;
             }
-            cursor = next;
-            if cursor == 0 {
-                return Ok(filter.finish(found, now, false));
+            if found.iter().filter(|r| filter.matches(r, now)).count() >= filter.effective_limit() {
+                // A full page of earlier states: this one may hold more.
+                more = true;
+                break;
             }
-            if scanned >= MAX_SCANNED || calls >= MAX_SCAN_CALLS {
-                return Ok(filter.finish(found, now, true));
+            let reads = shards
+                .iter()
+                .map(|shard| self.tier_of_shard(shard, &tier, per_shard));
+            for (records, cut) in try_join_all(reads).await? {
+                more |= cut;
+                // The state is re-read from the record: a lease may have ended between the
+                // index read and this one, and the page must say what the record says.
+                found.extend(records);
             }
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::glob_escape;
-
-    #[test]
-    fn glob_characters_in_a_prefix_match_only_themselves() {
-        assert_eq!(glob_escape("idem"), "idem");
-        assert_eq!(glob_escape(r"a*b?c[d]e\f"), r"a\*b\?c\[d\]e\\f");
+        // A record whose state changed between two tiers' reads was read twice: the later
+        // read stands.
+        let mut seen = std::collections::HashSet::new();
+        let mut unique: Vec<Listed> = found
+            .into_iter()
+            .rev()
+            .filter(|r| seen.insert((r.scope.clone(), r.key.clone())))
+            .collect();
+        unique.reverse();
+        Ok(filter.finish(unique, now, more))
     }
 }

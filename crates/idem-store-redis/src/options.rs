@@ -8,11 +8,21 @@ use idem_core::Clock;
 /// The key prefix used unless the URL names another.
 pub const DEFAULT_PREFIX: &str = "idem";
 
+/// The deployment a store talks to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Server {
+    /// One server (which may have replicas), as the redis crate reads its URL.
+    Single(String),
+    /// A Redis Cluster: the URLs of the nodes to learn its topology from (any reachable one
+    /// is enough; the client asks it for the rest).
+    Cluster(Vec<String>),
+}
+
 /// How to open a [`crate::RedisStore`].
 #[derive(Debug, Clone)]
 pub struct RedisOptions {
-    /// The server, as the redis crate reads it, without idem's own `prefix` parameter.
-    pub url: String,
+    /// The server or cluster, without idem's own parameters.
+    pub server: Server,
     /// Every key idem writes starts with `PREFIX:`. Each test uses its own.
     pub prefix: String,
     /// Where time comes from. `None` (the default) reads Redis's clock inside each script.
@@ -52,11 +62,18 @@ pub enum RedisUrlError {
     /// `durability=` is neither `required` nor `volatile`.
     #[error("durability={0} is not required or volatile")]
     Durability(String),
+    /// A cluster URL that names no node, or a database other than 0 (a cluster has one).
+    #[error("{0}")]
+    Cluster(String),
 }
 
+/// The scheme of a cluster URL: `redis+cluster://HOST:PORT,HOST:PORT/?prefix=...`.
+pub const CLUSTER_SCHEME: &str = "redis+cluster";
+
 impl RedisOptions {
-    /// Parses `redis://...`, taking idem's `prefix=NAME` and `durability=required|volatile`
-    /// query parameters out first.
+    /// Parses `redis://...` (one server) or `redis+cluster://HOST:PORT,HOST:PORT/...` (a
+    /// cluster, from any of the nodes listed), taking idem's `prefix=NAME` and
+    /// `durability=required|volatile` query parameters out first.
     pub fn from_url(url: &str) -> Result<Self, RedisUrlError> {
         let (rest, durability) = idem_core::store::take_url_param(url, "durability");
         let durability = match durability.as_deref() {
@@ -74,16 +91,64 @@ impl RedisOptions {
         if !ok {
             return Err(RedisUrlError::Prefix(prefix));
         }
+        let server = match rest
+            .strip_prefix(CLUSTER_SCHEME)
+            .and_then(|r| r.strip_prefix("://"))
+        {
+            Some(after) => Server::Cluster(cluster_nodes(after)?),
+            None => Server::Single(rest),
+        };
         // Parse now, so a bad URL is refused before anything connects.
-        redis::Client::open(rest.as_str())?;
+        match &server {
+            Server::Single(url) => drop(redis::Client::open(url.as_str())?),
+            Server::Cluster(nodes) => {
+                for n in nodes {
+                    redis::Client::open(n.as_str())?;
+                }
+            }
+        }
         Ok(RedisOptions {
-            url: rest,
+            server,
             prefix,
             clock: None,
             op_timeout: Duration::from_secs(5),
             durability,
         })
     }
+}
+
+/// Each node's own `redis://` URL from what follows `redis+cluster://`: `[USER:PASS@]` and the
+/// query apply to every node; the path may only name database 0.
+fn cluster_nodes(after_scheme: &str) -> Result<Vec<String>, RedisUrlError> {
+    let (authority, path_query) = match after_scheme.find(['/', '?']) {
+        Some(i) => after_scheme.split_at(i),
+        None => (after_scheme, ""),
+    };
+    let (path, query) = match path_query.find('?') {
+        Some(i) => path_query.split_at(i),
+        None => (path_query, ""),
+    };
+    if !matches!(path, "" | "/" | "/0") {
+        return Err(RedisUrlError::Cluster(format!(
+            "a Redis Cluster has only database 0; the URL names {path:?}"
+        )));
+    }
+    let (userinfo, hosts) = match authority.rfind('@') {
+        Some(i) => (&authority[..=i], &authority[i + 1..]),
+        None => ("", authority),
+    };
+    let nodes: Vec<String> = hosts
+        .split(',')
+        .filter(|h| !h.is_empty())
+        .map(|h| format!("redis://{userinfo}{h}/{query}"))
+        .collect();
+    if nodes.is_empty() {
+        return Err(RedisUrlError::Cluster(
+            "a redis+cluster:// URL names at least one node: redis+cluster://HOST:PORT,HOST:PORT/"
+                .to_owned(),
+        ));
+    }
+    Ok(nodes)
 }
 
 #[cfg(test)]
@@ -94,8 +159,11 @@ mod tests {
     fn prefix_comes_out_of_the_url() {
         let o = RedisOptions::from_url("redis://127.0.0.1:6379/2?prefix=t-1").expect("parses");
         assert_eq!(
-            (o.prefix.as_str(), o.url.as_str()),
-            ("t-1", "redis://127.0.0.1:6379/2")
+            (o.prefix.as_str(), &o.server),
+            (
+                "t-1",
+                &Server::Single("redis://127.0.0.1:6379/2".to_owned())
+            )
         );
         let o = RedisOptions::from_url("redis://127.0.0.1").expect("parses");
         assert_eq!(o.prefix, DEFAULT_PREFIX);
@@ -107,8 +175,12 @@ mod tests {
         let o = RedisOptions::from_url("redis://h:6379/1?durability=volatile&prefix=p")
             .expect("parses");
         assert_eq!(
-            (o.durability, o.prefix.as_str(), o.url.as_str()),
-            (Durability::Volatile, "p", "redis://h:6379/1")
+            (o.durability, o.prefix.as_str(), &o.server),
+            (
+                Durability::Volatile,
+                "p",
+                &Server::Single("redis://h:6379/1".to_owned())
+            )
         );
         let o = RedisOptions::from_url("redis://h/?durability=required").expect("parses");
         assert_eq!(o.durability, Durability::Required);
@@ -133,5 +205,32 @@ mod tests {
             RedisOptions::from_url("redis://h:notaport"),
             Err(RedisUrlError::Url(_))
         ));
+    }
+
+    #[test]
+    fn a_cluster_url_names_its_nodes() {
+        let o = RedisOptions::from_url(
+            "redis+cluster://u:pw@127.0.0.1:7000,127.0.0.1:7001/?prefix=p&protocol=resp2",
+        )
+        .expect("parses");
+        assert_eq!(o.prefix, "p");
+        assert_eq!(
+            o.server,
+            Server::Cluster(vec![
+                "redis://u:pw@127.0.0.1:7000/?protocol=resp2".to_owned(),
+                "redis://u:pw@127.0.0.1:7001/?protocol=resp2".to_owned(),
+            ])
+        );
+        let o = RedisOptions::from_url("redis+cluster://h:7000").expect("parses");
+        assert_eq!(
+            o.server,
+            Server::Cluster(vec!["redis://h:7000/".to_owned()])
+        );
+        for bad in ["redis+cluster://h:7000/3", "redis+cluster:///?prefix=p"] {
+            assert!(
+                matches!(RedisOptions::from_url(bad), Err(RedisUrlError::Cluster(_))),
+                "{bad}"
+            );
+        }
     }
 }

@@ -9,10 +9,11 @@ use idem_core::{
     AbandonedPolicy, Claim, ClaimRequest, Clock, FencingToken, Key, Lease, Record, RecordState,
     Resolution, Scope, Stale, Store, StoreError, StoredResponse, Timestamp, machine,
 };
-use redis::aio::{ConnectionManager, ConnectionManagerConfig};
-use redis::{AsyncCommands, ScriptInvocation, Value};
-use tokio::sync::RwLock;
+use redis::{ScriptInvocation, Value};
 
+use crate::connection::{Connection, Opener};
+use crate::durability::{self, UNWAITED_REPLICAS};
+use crate::layout::Shard;
 use crate::options::{Durability, RedisOptions};
 use crate::reply::{self, corrupt};
 use crate::scripts::Scripts;
@@ -27,28 +28,24 @@ const MAX_MS: i64 = 1 << 50;
 #[derive(Clone)]
 pub struct RedisStore {
     /// Driven by a task on the runtime that opened it.
-    con: ConnectionManager,
+    con: Connection,
     inner: Arc<Inner>,
 }
 
 struct Inner {
     /// How to open another connection ([`Store::for_this_runtime`]).
-    client: redis::Client,
-    config: ConnectionManagerConfig,
+    opener: Opener,
     prefix: String,
-    /// The index of completed records by expiry: a sorted set of record keys.
-    index: String,
     clock: Option<Arc<dyn Clock>>,
     op_timeout: Duration,
     scripts: Scripts,
-    /// What in the server's configuration breaks [design §9](docs/design.md#9-performance-shape)
+    /// What in the deployment's configuration breaks [design §9](docs/design.md#9-performance-shape)
     /// (claims durable before the effect) or lets Redis evict records; read once at connect,
     /// and non-empty only under `durability=volatile`.
     warnings: Vec<String>,
-    /// Held shared by every expiry-index write still on its way, and exclusively by
-    /// `purge_expired` before it reads the index, so a purge in this process sees every
-    /// completion this process acknowledged.
-    indexing: Arc<RwLock<()>>,
+    /// Each claim and completion is acknowledged only once a replica holds it too (`WAIT`):
+    /// the deployment has replicas, and the URL did not accept losing claims to a failover.
+    wait_for_replica: bool,
 }
 
 impl fmt::Debug for RedisStore {
@@ -79,23 +76,32 @@ fn ms(d: Duration) -> i64 {
     duration_millis(d).min(MAX_MS)
 }
 
+/// A script's invocation over one record: its key, then its shard's two indexes.
+fn on_record<'i, 'a>(
+    inv: &'i mut ScriptInvocation<'a>,
+    shard: &Shard,
+    record: &str,
+) -> &'i mut ScriptInvocation<'a> {
+    inv.key(record).key(shard.live()).key(shard.expiry())
+}
+
 impl RedisStore {
     /// Connects. Fails if the server cannot be reached within the operation timeout: a
-    /// gateway should not start on a store it cannot use. Refuses a server whose
+    /// gateway should not start on a store it cannot use. Refuses a deployment whose
     /// configuration can lose an acknowledged claim or evict a record, naming the settings to
-    /// change, unless `opts.durability` is [`Durability::Volatile`].
+    /// change, unless `opts.durability` is [`Durability::Volatile`]. On a deployment with
+    /// replicas, a durable store waits for one to hold each claim and completion.
     pub async fn connect(opts: RedisOptions) -> Result<Self, StoreError> {
-        let client = client(&opts.url)?;
-        let config = ConnectionManagerConfig::new()
-            .set_connection_timeout(Some(opts.op_timeout))
-            .set_response_timeout(Some(opts.op_timeout))
-            .set_number_of_retries(2)
-            .set_max_delay(Duration::from_millis(500));
-        let con = open_connection(&client, &config, opts.op_timeout).await?;
-        let index = format!("{}:expiry", opts.prefix);
-        let warnings = shortfalls(&read_settings(&mut con.clone(), opts.op_timeout).await);
+        let opener = Opener::new(&opts.server, opts.op_timeout)?;
+        let con = opener.open(opts.op_timeout).await?;
+        let found = durability::assess(&mut con.clone(), &opts.server, opts.op_timeout).await;
+        let mut warnings = found.shortfalls;
         if !warnings.is_empty() && opts.durability == Durability::Required {
             return Err(volatile_refusal(&warnings));
+        }
+        let wait_for_replica = found.replicated && opts.durability == Durability::Required;
+        if found.replicated && !wait_for_replica {
+            warnings.push(UNWAITED_REPLICAS.to_owned());
         }
         for w in &warnings {
             tracing::warn!("redis store (durability=volatile): {w}");
@@ -103,20 +109,18 @@ impl RedisStore {
         Ok(RedisStore {
             con,
             inner: Arc::new(Inner {
-                client,
-                config,
+                opener,
                 prefix: opts.prefix,
-                index,
                 clock: opts.clock,
                 op_timeout: opts.op_timeout,
                 scripts: Scripts::new(),
                 warnings,
-                indexing: Arc::default(),
+                wait_for_replica,
             }),
         })
     }
 
-    /// Connects to `redis://...[?prefix=NAME]`.
+    /// Connects to `redis://...[?prefix=NAME]` or `redis+cluster://...`.
     pub async fn connect_url(url: &str) -> Result<Self, StoreError> {
         let opts = RedisOptions::from_url(url).map_err(|e| unavailable("url", e))?;
         Self::connect(opts).await
@@ -130,45 +134,49 @@ impl RedisStore {
         &self.inner.warnings
     }
 
+    /// Whether each claim and completion waits for a replica to hold it.
+    pub fn waits_for_replica(&self) -> bool {
+        self.inner.wait_for_replica
+    }
+
     /// The prefix of every key this store writes.
     pub fn prefix(&self) -> &str {
         &self.inner.prefix
     }
 
-    /// Deletes every key under the prefix; returns how many. For tests, and for an operator
-    /// who means it.
+    /// Deletes every record of this store and its indexes; returns how many keys. For tests,
+    /// and for an operator who means it. Every record is in one of its shard's indexes (the
+    /// scripts keep them so), or has expired already.
     pub async fn delete_all(&self) -> Result<usize, StoreError> {
-        // After this process's index writes still on their way, which would otherwise
-        // recreate the index behind the scan.
-        self.indexed().await?;
         let mut con = self.con.clone();
-        let pattern = format!("{}:*", self.inner.prefix);
-        let mut keys: Vec<String> = Vec::new();
-        {
-            let mut iter = con
-                .scan_match::<_, String>(&pattern)
-                .await
-                .map_err(|e| unavailable("scan", e))?;
-            while let Some(k) = iter.next_item().await {
-                keys.push(k.map_err(|e| unavailable("scan", e))?);
+        let timeout = self.inner.op_timeout;
+        let mut deleted = 0;
+        for shard in Shard::all(&self.inner.prefix) {
+            let (live, expiry) = (shard.live(), shard.expiry());
+            let mut read = redis::pipe();
+            read.zrange(&live, 0, -1).zrange(&expiry, 0, -1);
+            let (mut keys, completed): (Vec<String>, Vec<String>) =
+                within(timeout, "read index", read.query_async(&mut con)).await?;
+            keys.extend(completed);
+            keys.push(live);
+            keys.push(expiry);
+            for chunk in keys.chunks(500) {
+                let n: usize = within(
+                    timeout,
+                    "del",
+                    redis::cmd("DEL").arg(chunk).query_async(&mut con),
+                )
+                .await?;
+                deleted += n;
             }
         }
-        for chunk in keys.chunks(500) {
-            let _: () = con.del(chunk).await.map_err(|e| unavailable("del", e))?;
-        }
-        Ok(keys.len())
+        Ok(deleted)
     }
 
-    /// `PREFIX:r:<scope length>:<scope>:<key>`: readable in redis-cli, and unambiguous
-    /// although scopes and keys may hold colons.
-    fn record_key(&self, scope: &Scope, key: &Key) -> String {
-        format!(
-            "{}:r:{}:{}:{}",
-            self.inner.prefix,
-            scope.as_str().len(),
-            scope.as_str(),
-            key.as_str()
-        )
+    fn shard(&self, scope: &Scope, key: &Key) -> (Shard, String) {
+        let shard = Shard::of(&self.inner.prefix, scope, key);
+        let record = shard.record(scope, key);
+        (shard, record)
     }
 
     fn now_arg(&self) -> String {
@@ -206,53 +214,37 @@ impl RedisStore {
         within(self.inner.op_timeout, "script", attempts).await
     }
 
-    /// Adds a completed record to the expiry index. A crash before this leaves the record
-    /// to Redis's own expiry, which the script set already.
-    async fn index(&self, record_key: &str, expires_at: Timestamp) -> Result<(), StoreError> {
+    /// On a replicated deployment, waits until a replica holds what this connection wrote to
+    /// `record`'s node (`WAIT 1`), within the operation timeout: a failover then cannot lose
+    /// it. `Err` when no replica acknowledged in time: the write is on the master only.
+    async fn replicated(&self, record: &str, what: &str) -> Result<(), StoreError> {
+        if !self.inner.wait_for_replica {
+            return Ok(());
+        }
         let mut con = self.con.clone();
-        let added = con.zadd::<_, _, _, ()>(&self.inner.index, record_key, expires_at.as_millis());
-        within(self.inner.op_timeout, "index", added).await
-    }
-
-    /// Indexes a completed record from a task of its own, so a completion costs its caller
-    /// one round trip, not two. Waits for the write instead only while a purge in this
-    /// process is about to read the index.
-    async fn index_soon(&self, record_key: String, expires_at: Timestamp) {
-        match self.inner.indexing.clone().try_read_owned() {
-            Ok(pending) => {
-                let store = self.clone();
-                tokio::spawn(async move {
-                    store.index_or_warn(&record_key, expires_at).await;
-                    drop(pending);
-                });
-            }
-            Err(_) => self.index_or_warn(&record_key, expires_at).await,
-        }
-    }
-
-    /// Indexes a completed record; a failure is logged, not returned: the result is
-    /// stored, and Redis's own expiry deletes the record if `purge_expired` never sees it.
-    async fn index_or_warn(&self, record_key: &str, expires_at: Timestamp) {
-        if let Err(e) = self.index(record_key, expires_at).await {
-            tracing::warn!(key = record_key, error = %e, "completed record not indexed for purge");
-        }
-    }
-
-    /// Waits until every index write this process has started is done, within the operation
-    /// timeout: each runs as a task on the runtime of the handle that completed the record,
-    /// which may be stopped or busy.
-    async fn indexed(&self) -> Result<(), StoreError> {
-        match tokio::time::timeout(self.inner.op_timeout, self.inner.indexing.write()).await {
-            Ok(_) => Ok(()),
-            Err(_) => Err(unavailable(
-                "index",
-                "pending index writes did not finish in time",
+        let mut wait = redis::cmd("WAIT");
+        wait.arg(1).arg(ms(self.inner.op_timeout));
+        let acked = within(
+            self.inner.op_timeout + Duration::from_secs(1),
+            "wait for a replica",
+            con.on_owner_of(record, wait),
+        )
+        .await?;
+        match acked {
+            Value::Int(n) if n >= 1 => Ok(()),
+            other => Err(unavailable(
+                "wait for a replica",
+                format!(
+                    "no replica acknowledged the {what} within {:?} ({other:?}): it is on the \
+                     master only, and a failover now could lose it",
+                    self.inner.op_timeout
+                ),
             )),
         }
     }
 
     /// A handle on the shared multiplexed connection.
-    pub(crate) fn connection(&self) -> ConnectionManager {
+    pub(crate) fn connection(&self) -> Connection {
         self.con.clone()
     }
 
@@ -266,113 +258,17 @@ impl RedisStore {
             return Ok(c.now());
         }
         let mut con = self.con.clone();
-        let (secs, micros): (i64, i64) = redis::cmd("TIME")
-            .query_async(&mut con)
-            .await
-            .map_err(|e| unavailable("time", e))?;
+        let (secs, micros): (i64, i64) = within(
+            self.inner.op_timeout,
+            "time",
+            redis::cmd("TIME").query_async(&mut con),
+        )
+        .await?;
         Ok(Timestamp::from_millis(secs * 1000 + micros / 1000))
     }
 }
 
-/// The client for `url`, speaking RESP3 unless the URL names a protocol: on RESP3 the
-/// connection manager hears at once that the server closed a connection and reconnects,
-/// while on RESP2 it learns only when a call on that connection fails. With a connection per
-/// serving thread, most sit idle through a server restart, and a completion failed that way
-/// would leave its key abandoned though the effect ran. (`protocol=resp2` for a server
-/// older than Redis 6.)
-fn client(url: &str) -> Result<redis::Client, StoreError> {
-    let client = redis::Client::open(url).map_err(|e| unavailable("url", e))?;
-    if idem_core::store::take_url_param(url, "protocol")
-        .1
-        .is_some()
-    {
-        return Ok(client);
-    }
-    let info = client.get_connection_info().clone();
-    let settings = info
-        .redis_settings()
-        .clone()
-        .set_protocol(redis::ProtocolVersion::RESP3);
-    redis::Client::open(info.set_redis_settings(settings)).map_err(|e| unavailable("url", e))
-}
-
-/// Opens a multiplexed connection, driven by a task on the current runtime, within `timeout`.
-async fn open_connection(
-    client: &redis::Client,
-    config: &ConnectionManagerConfig,
-    timeout: Duration,
-) -> Result<ConnectionManager, StoreError> {
-    let connecting = ConnectionManager::new_with_config(client.clone(), config.clone());
-    within(timeout, "connect", connecting).await
-}
-
-type Settings = std::collections::HashMap<String, String>;
-
-/// Reads the persistence and eviction settings that decide whether a claim survives a
-/// restart and whether a record can vanish before its retention ends.
-async fn read_settings(con: &mut ConnectionManager, timeout: Duration) -> Result<Settings, String> {
-    let read = async {
-        let mut settings = Settings::new();
-        for name in ["appendonly", "appendfsync", "maxmemory", "maxmemory-policy"] {
-            // A map on RESP3, pairs in an array on RESP2: read as a map either way.
-            let pair: Settings = redis::cmd("CONFIG")
-                .arg("GET")
-                .arg(name)
-                .query_async(con)
-                .await?;
-            settings.extend(pair);
-        }
-        Ok::<_, redis::RedisError>(settings)
-    };
-    match tokio::time::timeout(timeout, read).await {
-        Ok(Ok(settings)) => Ok(settings),
-        Ok(Err(e)) => Err(e.to_string()),
-        Err(_) => Err("timed out".to_owned()),
-    }
-}
-
-/// What in the settings lets an acknowledged claim be lost or a record be evicted, each
-/// naming the setting to change; empty when none does. Settings that could not be read are
-/// a shortfall too: idem cannot tell ([design §6](docs/design.md#6-a-store-failure-fails-closed)).
-fn shortfalls(settings: &Result<Settings, String>) -> Vec<String> {
-    let settings = match settings {
-        Ok(s) => s,
-        Err(e) => {
-            return vec![format!(
-                "the server's persistence settings cannot be read (CONFIG GET: {e}), so idem \
-                 cannot tell whether an acknowledged claim survives a crash (let idem's user \
-                 run CONFIG GET, on a server with appendonly yes and appendfsync always)"
-            )];
-        }
-    };
-    let get = |k: &str| settings.get(k).map_or("not reported", String::as_str);
-    let mut found = Vec::new();
-    if get("appendonly") != "yes" {
-        found.push(format!(
-            "appendonly is {}: claims and results are lost if Redis restarts, and a retry then \
-             runs again (set appendonly yes and appendfsync always)",
-            get("appendonly")
-        ));
-    } else if get("appendfsync") != "always" {
-        found.push(format!(
-            "appendfsync is {}: a claim is acknowledged before it is on disk, so a crash can \
-             lose it and a retry then runs again (set appendfsync always)",
-            get("appendfsync")
-        ));
-    }
-    let evicts = get("maxmemory") != "0" && get("maxmemory-policy") != "noeviction";
-    if evicts {
-        found.push(format!(
-            "maxmemory-policy is {} with a memory limit: Redis may evict records before \
-             their retention ends, and a retry then runs again (set maxmemory-policy \
-             noeviction)",
-            get("maxmemory-policy")
-        ));
-    }
-    found
-}
-
-/// The refusal of a server with shortfalls, unless the URL opts in.
+/// The refusal of a deployment with shortfalls, unless the URL opts in.
 fn volatile_refusal(shortfalls: &[String]) -> StoreError {
     StoreError::Unavailable(
         format!(
@@ -405,10 +301,10 @@ fn status(items: &[Value]) -> Result<&str, StoreError> {
 impl Store for RedisStore {
     async fn claim(&self, req: ClaimRequest) -> Result<Claim, StoreError> {
         let token = FencingToken::random();
-        let k = self.record_key(&req.scope, &req.key);
+        let (shard, k) = self.shard(&req.scope, &req.key);
         let retry = req.on_abandoned == AbandonedPolicy::Retry;
         let mut inv = self.inner.scripts.claim.prepare_invoke();
-        inv.key(&k)
+        on_record(&mut inv, &shard, &k)
             .arg(self.now_arg())
             .arg(req.fingerprint.as_bytes().as_slice())
             .arg(token.as_i64())
@@ -422,6 +318,12 @@ impl Store for RedisStore {
             [acquired, _, lease_end, attempt] if reply::int(acquired)? == 1 => {
                 let attempt = u32::try_from(reply::int(attempt)?)
                     .map_err(|_| corrupt("claim returned an attempt out of range"))?;
+                if let Err(e) = self.replicated(&k, "claim").await {
+                    // Nothing ran under it: give the key back rather than leave it in
+                    // flight, if the master still answers.
+                    let _ = self.release(&req.scope, &req.key, token).await;
+                    return Err(e);
+                }
                 Ok(Claim::Acquired(Lease {
                     token,
                     expires_at: reply::timestamp(lease_end)?,
@@ -449,9 +351,9 @@ impl Store for RedisStore {
         token: FencingToken,
         response: StoredResponse,
     ) -> Result<Record, StoreError> {
-        let k = self.record_key(scope, key);
+        let (shard, k) = self.shard(scope, key);
         let mut inv = self.inner.scripts.complete.prepare_invoke();
-        inv.key(&k)
+        on_record(&mut inv, &shard, &k)
             .arg(self.now_arg())
             .arg(token.as_i64())
             .arg(response.encode());
@@ -459,7 +361,7 @@ impl Store for RedisStore {
         match status(&items)? {
             "ok" => {
                 let rec = reply::completed(&items[1..], scope, key, token, response)?;
-                self.index_soon(k, rec.expires_at).await;
+                self.replicated(&k, "completion").await?;
                 Ok(rec)
             }
             other => Err(refusal(other)?),
@@ -472,8 +374,9 @@ impl Store for RedisStore {
         key: &Key,
         token: FencingToken,
     ) -> Result<(), StoreError> {
+        let (shard, k) = self.shard(scope, key);
         let mut inv = self.inner.scripts.release.prepare_invoke();
-        inv.key(self.record_key(scope, key))
+        on_record(&mut inv, &shard, &k)
             .arg(self.now_arg())
             .arg(token.as_i64());
         let items = reply::items(self.run(inv).await?)?;
@@ -490,8 +393,9 @@ impl Store for RedisStore {
         token: FencingToken,
         lease: Duration,
     ) -> Result<Timestamp, StoreError> {
+        let (shard, k) = self.shard(scope, key);
         let mut inv = self.inner.scripts.extend.prepare_invoke();
-        inv.key(self.record_key(scope, key))
+        on_record(&mut inv, &shard, &k)
             .arg(self.now_arg())
             .arg(token.as_i64())
             .arg(ms(lease));
@@ -506,8 +410,9 @@ impl Store for RedisStore {
     }
 
     async fn get(&self, scope: &Scope, key: &Key) -> Result<Option<Record>, StoreError> {
+        let (_, k) = self.shard(scope, key);
         let mut inv = self.inner.scripts.get.prepare_invoke();
-        inv.key(self.record_key(scope, key)).arg(self.now_arg());
+        inv.key(k).arg(self.now_arg());
         let items = reply::items(self.run_read(inv).await?)?;
         let [now, rec] = items.as_slice() else {
             return Err(corrupt("get reply is not [now, record]"));
@@ -515,47 +420,41 @@ impl Store for RedisStore {
         Ok(machine::read(reply::record(rec)?, reply::timestamp(now)?))
     }
 
+    /// Each shard's due records, from its expiry index; the purge script deletes a record and
+    /// its entry in one step.
     async fn purge_expired(&self, limit: usize) -> Result<usize, StoreError> {
-        // Every completion acknowledged so far is indexed before the index is read.
-        self.indexed().await?;
         let now = self.redis_now().await?;
         let mut con = self.con.clone();
+        let timeout = self.inner.op_timeout;
         let mut deleted = 0;
-        while deleted < limit {
-            let batch = isize::try_from(limit - deleted).unwrap_or(isize::MAX);
-            let due: Vec<String> = con
-                .zrangebyscore_limit(&self.inner.index, "-inf", now.as_millis(), 0, batch)
-                .await
-                .map_err(|e| unavailable("read expiry index", e))?;
-            if due.is_empty() {
-                break;
-            }
-            for k in &due {
-                let mut inv = self.inner.scripts.purge.prepare_invoke();
-                inv.key(k).arg(now.as_millis());
-                let items = reply::items(self.run(inv).await?)?;
-                match status(&items)? {
-                    "deleted" => deleted += 1,
-                    // Completed again since: its entry moves to the new expiry.
-                    "later" => {
-                        let exp = items
-                            .get(1)
-                            .ok_or_else(|| corrupt("purge returned no expiry"))
-                            .and_then(reply::int)?;
-                        let _: () = con
-                            .zadd(&self.inner.index, k, exp)
-                            .await
-                            .map_err(|e| unavailable("index", e))?;
-                        continue;
-                    }
-                    // Gone already, or in flight again: its completion will index it anew.
-                    "absent" | "never" => {}
-                    other => return Err(corrupt(format!("purge status {other:?}"))),
+        for shard in Shard::all(&self.inner.prefix) {
+            let expiry = shard.expiry();
+            while deleted < limit {
+                let batch = isize::try_from((limit - deleted).min(500)).unwrap_or(500);
+                let mut read = redis::cmd("ZRANGE");
+                read.arg(&expiry)
+                    .arg("-inf")
+                    .arg(now.as_millis())
+                    .arg("BYSCORE")
+                    .arg("LIMIT")
+                    .arg(0)
+                    .arg(batch);
+                let due: Vec<String> =
+                    within(timeout, "read expiry index", read.query_async(&mut con)).await?;
+                if due.is_empty() {
+                    break;
                 }
-                let _: () = con
-                    .zrem(&self.inner.index, k)
-                    .await
-                    .map_err(|e| unavailable("index", e))?;
+                for k in &due {
+                    let mut inv = self.inner.scripts.purge.prepare_invoke();
+                    on_record(&mut inv, &shard, k).arg(now.as_millis());
+                    let items = reply::items(self.run(inv).await?)?;
+                    match status(&items)? {
+                        "deleted" => deleted += 1,
+                        // Each leaves the due range: removed, or moved to a later expiry.
+                        "absent" | "never" | "later" => {}
+                        other => return Err(corrupt(format!("purge status {other:?}"))),
+                    }
+                }
             }
         }
         Ok(deleted)
@@ -567,9 +466,9 @@ impl Store for RedisStore {
         key: &Key,
         resolution: Resolution,
     ) -> Result<Option<Record>, StoreError> {
-        let k = self.record_key(scope, key);
+        let (shard, k) = self.shard(scope, key);
         let mut inv = self.inner.scripts.resolve.prepare_invoke();
-        inv.key(&k).arg(self.now_arg());
+        on_record(&mut inv, &shard, &k).arg(self.now_arg());
         match &resolution {
             Resolution::Release => inv.arg("release").arg("").arg(""),
             Resolution::Complete(response) => inv
@@ -580,11 +479,12 @@ impl Store for RedisStore {
         let items = reply::items(self.run(inv).await?)?;
         match status(&items)? {
             "ok" => {
-                let rec = items.get(2).map(reply::record).transpose()?.flatten();
-                if let Some(r) = &rec {
-                    self.index_or_warn(&k, r.expires_at).await;
-                }
-                Ok(rec)
+                self.replicated(&k, "resolution").await?;
+                items
+                    .get(2)
+                    .map(reply::record)
+                    .transpose()
+                    .map(Option::flatten)
             }
             "not_found" => Err(StoreError::NotFound),
             "completed" => Err(StoreError::NotAbandoned {
@@ -599,15 +499,9 @@ impl Store for RedisStore {
 
     /// A connection of its own, driven by the caller's runtime: a command from a serving
     /// thread is written and answered there, not by the runtime that connected first. The
-    /// scripts, the prefix, the clock and the purge's view of pending index writes are
-    /// shared.
+    /// scripts, the prefix, the clock and the durability decided at connect are shared.
     async fn for_this_runtime(&self) -> Result<Self, StoreError> {
-        let con = open_connection(
-            &self.inner.client,
-            &self.inner.config,
-            self.inner.op_timeout,
-        )
-        .await?;
+        let con = self.inner.opener.open(self.inner.op_timeout).await?;
         Ok(RedisStore {
             con,
             inner: self.inner.clone(),
@@ -619,73 +513,11 @@ impl Store for RedisStore {
 mod tests {
     use super::*;
 
-    fn settings(pairs: &[(&str, &str)]) -> Result<Settings, String> {
-        Ok(pairs
-            .iter()
-            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
-            .collect())
-    }
-
-    #[test]
-    fn only_aof_with_fsync_always_and_no_eviction_passes() {
-        let durable = [
-            ("appendonly", "yes"),
-            ("appendfsync", "always"),
-            ("maxmemory", "0"),
-            ("maxmemory-policy", "allkeys-lru"),
-        ];
-        assert!(shortfalls(&settings(&durable)).is_empty());
-        let limited = [
-            ("appendonly", "yes"),
-            ("appendfsync", "always"),
-            ("maxmemory", "1000000"),
-            ("maxmemory-policy", "noeviction"),
-        ];
-        assert!(shortfalls(&settings(&limited)).is_empty());
-        let cases: [(&[(&str, &str)], &str); 3] = [
-            (
-                &[("appendonly", "no"), ("maxmemory", "0")],
-                "appendonly is no",
-            ),
-            (
-                &[
-                    ("appendonly", "yes"),
-                    ("appendfsync", "everysec"),
-                    ("maxmemory", "0"),
-                ],
-                "set appendfsync always",
-            ),
-            (
-                &[
-                    ("appendonly", "yes"),
-                    ("appendfsync", "always"),
-                    ("maxmemory", "100mb"),
-                    ("maxmemory-policy", "volatile-lru"),
-                ],
-                "set maxmemory-policy noeviction",
-            ),
-        ];
-        for (given, named) in cases {
-            let found = shortfalls(&settings(given));
-            assert_eq!(found.len(), 1, "{given:?}: {found:?}");
-            assert!(found[0].contains(named), "{given:?}: {found:?}");
-        }
-        let silent = shortfalls(&settings(&[]));
-        assert_eq!(silent.len(), 2, "{silent:?}");
-        assert!(
-            silent[0].contains("appendonly is not reported"),
-            "{silent:?}"
-        );
-        let unreadable = shortfalls(&Err("NOPERM".to_owned()));
-        assert!(unreadable[0].contains("cannot be read (CONFIG GET: NOPERM)"));
-    }
-
     #[test]
     fn the_refusal_names_the_settings_and_the_opt_in() {
-        let e = volatile_refusal(&shortfalls(&settings(&[
-            ("appendonly", "no"),
-            ("maxmemory", "0"),
-        ])))
+        let e = volatile_refusal(&[
+            "appendonly is no: set appendonly yes and appendfsync always".to_owned(),
+        ])
         .to_string();
         for part in [
             "appendonly yes",

@@ -1,5 +1,6 @@
-//! A completion is indexed for purge from a task of its own (one round trip for the caller,
-//! not two); a purge in the same process still sees every completion acknowledged before it.
+//! A completion is indexed for purge by the completion's own script, in the same atomic step:
+//! a purge sees every completion acknowledged before it, however many are still being
+//! answered. (Indexing used to be a second write from a task of its own.)
 //! Skips without Redis unless IDEM_REQUIRE_SERVICES=1.
 
 use std::time::Duration;
@@ -12,8 +13,8 @@ use idem_store_redis::{Durability, RedisOptions, RedisStore};
 
 const KEYS: usize = 200;
 
-// One thread: the index writes' tasks cannot run before the purge starts, which is the
-// ordering a purge must survive.
+// One thread, every completion at once, then the purge at once: the ordering that a purge
+// must survive when indexing trails the completion.
 #[tokio::test(flavor = "current_thread")]
 async fn a_purge_sees_every_completion_acknowledged_before_it() {
     let test = "a_purge_sees_every_completion_acknowledged_before_it";
@@ -47,8 +48,7 @@ async fn a_purge_sees_every_completion_acknowledged_before_it() {
         };
         leases.push((key, lease.token));
     }
-    // All completions at once, on this one thread: their index writes are spawned as each
-    // completes, and the last ones have not run when the purge below starts.
+    // All completions at once, on this one thread.
     let completions = leases
         .iter()
         .map(|(key, token)| store.complete(&scope, key, *token, StoredResponse::new(201, "ok")));

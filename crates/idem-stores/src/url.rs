@@ -43,7 +43,8 @@ pub enum StoreUrl {
     Redis(String),
 }
 
-const SCHEMES: &str = "memory:, sqlite:PATH, postgres://... or redis://...";
+const SCHEMES: &str =
+    "memory:, sqlite:PATH, postgres://..., redis://... or redis+cluster://HOST:PORT,HOST:PORT/...";
 
 /// Why a store URL was refused.
 #[derive(Debug, thiserror::Error)]
@@ -123,10 +124,12 @@ impl FromStr for StoreUrl {
                 Ok(_) => Ok(StoreUrl::Postgres(url.to_owned())),
                 Err(e) => Err(StoreUrlError::Postgres(url.to_owned(), e)),
             },
-            "redis" | "rediss" => match RedisOptions::from_url(url) {
-                Ok(_) => Ok(StoreUrl::Redis(url.to_owned())),
-                Err(e) => Err(StoreUrlError::Redis(url.to_owned(), e)),
-            },
+            "redis" | "rediss" | idem_store_redis::CLUSTER_SCHEME => {
+                match RedisOptions::from_url(url) {
+                    Ok(_) => Ok(StoreUrl::Redis(url.to_owned())),
+                    Err(e) => Err(StoreUrlError::Redis(url.to_owned(), e)),
+                }
+            }
             other => Err(StoreUrlError::UnknownScheme(other.to_owned())),
         }
     }
@@ -256,6 +259,8 @@ mod tests {
         assert_eq!(ok(pg), Ok(StoreUrl::Postgres(pg.into())));
         let redis = "redis://127.0.0.1:6379/1?prefix=gw";
         assert_eq!(ok(redis), Ok(StoreUrl::Redis(redis.into())));
+        let cluster = "redis+cluster://10.0.0.1:7000,10.0.0.2:7000/?prefix=gw";
+        assert_eq!(ok(cluster), Ok(StoreUrl::Redis(cluster.into())));
     }
 
     #[test]
@@ -268,6 +273,7 @@ mod tests {
         };
         assert!(err("idem.db").contains("no scheme"));
         assert!(err("mysql://x").contains("unknown scheme \"mysql\""));
+        assert!(err("redis+cluster://h:7000/2").contains("only database 0"));
         for secret in [
             "postgress://idem:s3cret@db/app",
             "host=db user=idem password=s3cret",
@@ -312,6 +318,10 @@ mod tests {
             ("postgres:/idem:s3cret@db/app", "postgres:/idem:***@db/app"),
             ("postgresql:idem:s3cret@db", "postgresql:idem:***@db"),
             ("redis://:s3cret@h:6379/0", "redis://:***@h:6379/0"),
+            (
+                "redis+cluster://u:s3cret@h1:7000,h2:7000/",
+                "redis+cluster://u:***@h1:7000,h2:7000/",
+            ),
         ] {
             assert_eq!(redact(url), shown);
             let err = url.parse::<StoreUrl>().err().map(|e| e.to_string());

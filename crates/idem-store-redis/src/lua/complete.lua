@@ -8,4 +8,6 @@ if refused then return {refused} end
 redis.call('HSET', k, 'comp', s(now), 'by', '0', 'exp', s(now + ret), 'resp', ARGV[3])
 -- Redis's own expiry deletes the record when retention ends; reads check 'exp' meanwhile.
 redis.call('PEXPIRE', k, math.max(ret, 1))
+redis.call('ZREM', live_idx, k)
+redis.call('ZADD', exp_idx, s(now + ret), k)
 return {'ok', s(now), f[5], f[6], f[7], f[8], f[4], f[9], f[10]}

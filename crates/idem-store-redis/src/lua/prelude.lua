@@ -2,7 +2,11 @@
 -- clock, or empty to read Redis's own clock, so every gateway agrees on when a lease ends.
 -- Numbers are written with %d: Lua would print large ones in e-notation and lose digits.
 local function s(n) return string.format('%d', n) end
-local k = KEYS[1]
+-- KEYS: the record, then (for the scripts that change a state) its shard's index of records
+-- without a result (scored by lease end) and of completed records (scored by expiry). All
+-- three share one hash slot (layout.rs), and each script keeps both indexes true in the
+-- same atomic step as the record.
+local k, live_idx, exp_idx = KEYS[1], KEYS[2], KEYS[3]
 local now
 if ARGV[1] ~= '' then
   now = tonumber(ARGV[1])

@@ -2,4 +2,5 @@
 local refused = fenced()
 if refused then return {refused} end
 redis.call('DEL', k)
+redis.call('ZREM', live_idx, k)
 return {'ok'}

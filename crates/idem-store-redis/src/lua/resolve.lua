@@ -5,6 +5,7 @@ local f = redis.call('HMGET', k, 'tok', 'exp', 'comp', 'lex', 'ret')
 if not live(f[1], f[2]) then return {'not_found'} end
 if f[3] then return {'completed'} end
 if tonumber(f[4]) > now then return {'in_flight'} end
+redis.call('ZREM', live_idx, k)
 if ARGV[2] == 'release' then
   redis.call('DEL', k)
   return {'ok'}
@@ -15,4 +16,5 @@ redis.call('HSET', k, 'comp', s(now), 'by', '1', 'exp', s(now + ret), 'resp', AR
   'tok', ARGV[4])
 local rec = redis.call('HGETALL', k)
 redis.call('PEXPIRE', k, math.max(ret, 1))
+redis.call('ZADD', exp_idx, s(now + ret), k)
 return {'ok', s(now), rec}
