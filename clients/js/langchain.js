@@ -174,7 +174,12 @@ function keyedTools(options, where) {
     }
   }
 
-  return { call, logger };
+  /** Builds each named tool's idempotent() now, so a bad option fails here, not at the first call. */
+  function prepare(toolNames) {
+    for (const name of toolNames) fnFor(name);
+  }
+
+  return { call, prepare };
 }
 
 function mark(answer, meta) {
@@ -204,6 +209,7 @@ export function idempotencyMiddleware(options = {}) {
   }
   const only = names(options.tools, "idempotencyMiddleware");
   const keyed = keyedTools(options, "idempotencyMiddleware");
+  keyed.prepare(only);
   return createMiddleware({
     name: "IdempotencyMiddleware",
     wrapToolCall: (request, handler) => {
@@ -222,8 +228,8 @@ export function idempotencyMiddleware(options = {}) {
 export function idempotentTools(tools, options = {}) {
   if (!Array.isArray(tools)) throw new ConfigurationError("idempotentTools(tools, options): tools is an array of LangChain tools");
   if (options.tools !== undefined) throw new ConfigurationError("idempotentTools: pass only the tools with side effects; `tools` is not an option here");
-  names(tools, "idempotentTools");
   const keyed = keyedTools(options, "idempotentTools");
+  keyed.prepare(names(tools, "idempotentTools"));
   return tools.map((t) => {
     const wrapped = Object.create(t);
     wrapped.invoke = (input, config) => {

@@ -190,3 +190,9 @@ test("LangGraph ToolNode: no scope is logged at error level (the ToolNode turns 
   const strict = new ToolNode([wrapped], { handleToolErrors: false });
   await assert.rejects(strict.invoke({ messages: [new AIMessage({ content: "", tool_calls: [{ name: "charge_card", args: ARGS, id: "d" }] })] }), ScopeMissingError);
 });
+
+test("a misspelt option is refused when the middleware is built, not at the first charge", () => {
+  assert.throws(() => idempotencyMiddleware({ tools: ["charge_card"], retries: 3 }), /unknown option retries/);
+  assert.throws(() => idempotentTools([{ name: "charge_card", invoke: async () => "" }], { lease: -1 }), /lease/);
+  assert.throws(() => idempotencyMiddleware({ tools: [] }), /names \(or tools\) of the tools with side effects/);
+});
