@@ -58,6 +58,9 @@ export function threadScope(runtime) {
   return id === undefined || id === null || id === "" ? undefined : String(id);
 }
 
+/** Marks the tools idempotentTools made: the middleware passes them through, keyed once. */
+const KEYED = Symbol("idem-runtime keyed tool");
+
 const isCommand = (x) => x !== null && typeof x === "object" && x.lg_name === "Command";
 
 /** The tool ran, but its answer is not a result to replay (an error ToolMessage): released. */
@@ -134,7 +137,8 @@ function keyedTools(options, where) {
   async function call(toolCall, runtime, invoke) {
     const name = toolCall.name;
     const args = modelArguments(toolCall.args);
-    const state = { scope: undefined, answer: undefined, invoke: undefined };
+    // Also the call options of idempotent()'s span: `toolCallId` names the call there.
+    const state = { scope: undefined, answer: undefined, invoke: undefined, toolCallId: toolCall.id };
     try {
       state.scope = scopeFor(toolCall, runtime);
       // A tool that takes an idempotency_key gets the runtime's, whatever the model wrote there.
@@ -213,7 +217,9 @@ export function idempotencyMiddleware(options = {}) {
   return createMiddleware({
     name: "IdempotencyMiddleware",
     wrapToolCall: (request, handler) => {
-      if (!only.has(request.toolCall?.name)) return handler(request);
+      // A tool idempotentTools made is keyed by its own invoke; keying it here too would make the
+      // tool's claim a duplicate in flight of this one.
+      if (!only.has(request.toolCall?.name) || request.tool?.[KEYED]) return handler(request);
       return keyed.call(request.toolCall, request.runtime, (toolCall) => handler(toolCall === request.toolCall ? request : { ...request, toolCall }));
     },
   });
@@ -232,9 +238,10 @@ export function idempotentTools(tools, options = {}) {
   keyed.prepare(names(tools, "idempotentTools"));
   return tools.map((t) => {
     const wrapped = Object.create(t);
+    wrapped[KEYED] = true;
     wrapped.invoke = (input, config) => {
       const isCall = input !== null && typeof input === "object" && input.type === "tool_call" && "args" in input;
-      const toolCall = isCall ? input : { name: t.name, args: input, id: config?.toolCall?.id };
+      const toolCall = isCall ? input : { name: t.name, args: input, id: config?.toolCall?.id ?? config?.toolCallId };
       return keyed.call({ ...toolCall, name: t.name }, config, (call) => t.invoke(isCall ? call : call.args, config));
     };
     return wrapped;

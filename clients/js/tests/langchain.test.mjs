@@ -196,3 +196,17 @@ test("a misspelt option is refused when the middleware is built, not at the firs
   assert.throws(() => idempotentTools([{ name: "charge_card", invoke: async () => "" }], { lease: -1 }), /lease/);
   assert.throws(() => idempotencyMiddleware({ tools: [] }), /names \(or tools\) of the tools with side effects/);
 });
+
+test("tools from idempotentTools under the middleware too are keyed once (not a duplicate of themselves)", async (t) => {
+  const service = await chargeService(t);
+  const store = `sqlite:${join(tmp(t), "idem.db")}`;
+  const agent = createAgent({
+    model: recallingModel(),
+    tools: idempotentTools([chargeTool(service)], { store }),
+    middleware: [lossy(), idempotencyMiddleware({ tools: ["charge_card"], store, wait: 2000 })],
+    checkpointer: new MemorySaver(),
+  });
+  const result = await agent.invoke({ messages: [{ role: "user", content: "charge" }] }, { configurable: { thread_id: "thread-lc-both" } });
+  assert.equal(service.charges.length, 1);
+  assert.equal(toolMessages(result).at(-1).response_metadata.idem.replayed, true);
+});
