@@ -169,3 +169,31 @@ test("a duplicate in flight reaches the model as a tool error saying do not retr
   await first;
   assert.equal(effects.count(), 1);
 });
+
+test("an unknown outcome reaches the model as a tool error saying do not call it again", async (t) => {
+  const file = join(tmp(t), "shared.db");
+  const effects = rows(file);
+  let turn = 0;
+  const model = new MockLanguageModelV3({
+    doGenerate: async ({ prompt }) => {
+      turn++;
+      if (turn <= 2) {
+        return {
+          content: [{ type: "tool-call", toolCallId: `call_${turn}`, toolName: "add_row", input: JSON.stringify({ customer: "cus_ai" }) }],
+          finishReason: { unified: "tool-calls", raw: undefined },
+          usage,
+          warnings: [],
+        };
+      }
+      return { content: [{ type: "text", text: JSON.stringify(prompt.at(-1).content[0].output) }], finishReason: { unified: "stop", raw: undefined }, usage, warnings: [] };
+    },
+  });
+  // The row is added, but the result cannot be stored (a BigInt is not JSON): the outcome is unknown.
+  const tools = withIdempotency(
+    { add_row: tool({ inputSchema: z.object({ customer: z.string() }), execute: async ({ customer }) => (effects.add(customer), { n: 1n }) }) },
+    { store: `sqlite:${file}` },
+  );
+  const result = await withScope("run-ai-unknown", () => generateText({ model, prompt: "x", tools, stopWhen: stepCountIs(4) }));
+  assert.equal(effects.count(), 1);
+  assert.match(result.text, /outcome is unknown; do not call it again: an operator must check/);
+});

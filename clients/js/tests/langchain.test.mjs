@@ -4,6 +4,8 @@
 // service on loopback, so a charge is a real request counted there.
 import { test } from "node:test";
 import assert from "node:assert/strict";
+import { execFileSync } from "node:child_process";
+import { copyFileSync, rmSync } from "node:fs";
 import { join } from "node:path";
 
 import { AIMessage, ToolMessage, createAgent, createMiddleware, tool } from "langchain";
@@ -14,7 +16,7 @@ import { z } from "zod";
 
 import { ScopeMissingError, deriveKey } from "../index.js";
 import { idempotencyMiddleware, idempotentTools } from "../langchain.js";
-import { chargeService, gate, inspect, tmp } from "./helpers.mjs";
+import { chargeService, gate, inspect, pkg, repo, tmp } from "./helpers.mjs";
 
 const ARGS = { customer: "cus_lc", amount_cents: 4900 };
 
@@ -209,4 +211,15 @@ test("tools from idempotentTools under the middleware too are keyed once (not a 
   const result = await agent.invoke({ messages: [{ role: "user", content: "charge" }] }, { configurable: { thread_id: "thread-lc-both" } });
   assert.equal(service.charges.length, 1);
   assert.equal(toolMessages(result).at(-1).response_metadata.idem.replayed, true);
+});
+
+test("examples/agents/langchain_charge.mjs, the README's example, runs: 1 charge for 2 tool attempts", () => {
+  // Beside the package, so that its imports resolve as in a user's project (idem-runtime by name).
+  const example = join(pkg, ".langchain_charge.example.mjs");
+  copyFileSync(join(repo, "examples", "agents", "langchain_charge.mjs"), example);
+  try {
+    assert.match(execFileSync(process.execPath, [example], { encoding: "utf8" }), /^1 charge for 2 tool attempts/);
+  } finally {
+    rmSync(example, { force: true });
+  }
 });
