@@ -22,6 +22,12 @@
 // if a conversation may deliberately repeat a call, pass `scope` a function of the tool call (an
 // order id from its arguments, a per-turn id from the run's context) or key on fields that differ.
 //
+// A tool's own error releases the key (the retry runs) and goes on up the chain as it came, as
+// LangChain expects of a wrapToolCall middleware: toolRetryMiddleware retries it,
+// toolErrorMiddleware turns it into a message; with neither, LangChain's ToolNode ends the run
+// with it, as it does under any wrapToolCall middleware. An error ToolMessage the tool answers
+// with is not stored either (released), and a Command cannot be replayed (outcome unknown).
+//
 // Refusals (refusal.js): an answer the model can act on (a duplicate in flight, an unknown
 // outcome, a key used with other arguments) is an error ToolMessage saying what to do. One no
 // model can fix (no scope, a bad store URL or option, arguments with no key, the store down) is
