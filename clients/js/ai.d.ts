@@ -1,6 +1,12 @@
-import type { IdempotentOptions } from "./index.js";
+import type { AdapterLogger, IdempotentOptions } from "./index.js";
 
 type AnyTool = { execute?: (...args: any[]) => any } & Record<string, any>;
+/**
+ * idempotent()'s options, and `logger`: where a refusal no model can fix (no scope, a bad store
+ * URL, arguments with no key, the store down) is logged at error level (default console), since
+ * the AI SDK hands every tool error to the model and goes on.
+ */
+export type WithIdempotencyOptions = IdempotentOptions<any[]> & { logger?: AdapterLogger };
 /** Wraps one AI SDK tool (name it with `tool`) or a whole tools object (named by its keys). */
-export function withIdempotency<T extends AnyTool>(tool: T, options: IdempotentOptions<any[]> & { tool: string }): T;
-export function withIdempotency<T extends Record<string, AnyTool>>(tools: T, options?: IdempotentOptions<any[]>): T;
+export function withIdempotency<T extends AnyTool>(tool: T, options: WithIdempotencyOptions & { tool: string }): T;
+export function withIdempotency<T extends Record<string, AnyTool>>(tools: T, options?: WithIdempotencyOptions): T;

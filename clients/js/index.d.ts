@@ -172,3 +172,8 @@ export interface IdemFetchOptions extends DeriveOptions {
 }
 /** fetch with the tool client's retry semantics; answers with the last Response. */
 export function idemFetch(input: string | URL, init?: RequestInit & { idem?: IdemFetchOptions }): Promise<Response>;
+
+/** Where an adapter logs idem's refusals no model can fix (default console): console, pino, Mastra's logger. */
+export interface AdapterLogger {
+  error(message: string, ...rest: unknown[]): void;
+}

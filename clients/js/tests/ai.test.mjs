@@ -12,7 +12,7 @@ import { z } from "zod";
 
 import { deriveKey, withScope } from "../index.js";
 import { withIdempotency } from "../ai.js";
-import { inspect, rows, tmp } from "./helpers.mjs";
+import { gate, inspect, rows, tmp } from "./helpers.mjs";
 
 const usage = {
   inputTokens: { total: 1, noCache: 1, cacheRead: 0, cacheWrite: 0 },
@@ -109,4 +109,91 @@ test("a tools object is wrapped whole, and the scope may come from experimental_
   await run();
   await run(); // a human re-sends the whole turn: same run, same intent
   assert.equal(effects.count(), 1);
+});
+
+/** Calls add_row once, then answers with what it read. */
+function onceModel() {
+  return new MockLanguageModelV3({
+    doGenerate: async ({ prompt }) => {
+      const last = prompt.at(-1);
+      if (last?.role !== "tool") {
+        return {
+          content: [{ type: "tool-call", toolCallId: "call_once", toolName: "add_row", input: JSON.stringify({ customer: "cus_ai" }) }],
+          finishReason: { unified: "tool-calls", raw: undefined },
+          usage,
+          warnings: [],
+        };
+      }
+      return { content: [{ type: "text", text: JSON.stringify(last.content[0].output) }], finishReason: { unified: "stop", raw: undefined }, usage, warnings: [] };
+    },
+  });
+}
+
+test("no scope: the AI SDK hands the error to the model and goes on, so idem logs it at error level; nothing ran", async (t) => {
+  const file = join(tmp(t), "shared.db");
+  const effects = rows(file);
+  const logged = [];
+  const tools = withIdempotency(
+    { add_row: tool({ inputSchema: z.object({ customer: z.string() }), execute: async ({ customer }) => (effects.add(customer), "ok") }) },
+    { store: `sqlite:${file}`, logger: { error: (m) => logged.push(m) } },
+  );
+  const result = await generateText({ model: onceModel(), prompt: "x", tools, stopWhen: stepCountIs(3) });
+  assert.equal(effects.count(), 0);
+  assert.match(result.text, /error-text/);
+  assert.match(logged.join("\n"), /add_row was not run: idem is not configured for it: no scope/);
+});
+
+test("a duplicate in flight reaches the model as a tool error saying do not retry yet", async (t) => {
+  const file = join(tmp(t), "shared.db");
+  const effects = rows(file);
+  const { hold, inside, release } = gate();
+  const tools = withIdempotency(
+    {
+      add_row: tool({
+        inputSchema: z.object({ customer: z.string() }),
+        execute: async ({ customer }) => {
+          await hold();
+          effects.add(customer);
+          return "ok";
+        },
+      }),
+    },
+    { store: `sqlite:${file}`, wait: null },
+  );
+  const run = () => withScope("run-ai-busy", () => generateText({ model: onceModel(), prompt: "x", tools, stopWhen: stepCountIs(3) }));
+  const first = run();
+  await inside;
+  const second = await run();
+  assert.match(second.text, /already in progress.*do not retry yet/);
+  release();
+  await first;
+  assert.equal(effects.count(), 1);
+});
+
+test("an unknown outcome reaches the model as a tool error saying do not call it again", async (t) => {
+  const file = join(tmp(t), "shared.db");
+  const effects = rows(file);
+  let turn = 0;
+  const model = new MockLanguageModelV3({
+    doGenerate: async ({ prompt }) => {
+      turn++;
+      if (turn <= 2) {
+        return {
+          content: [{ type: "tool-call", toolCallId: `call_${turn}`, toolName: "add_row", input: JSON.stringify({ customer: "cus_ai" }) }],
+          finishReason: { unified: "tool-calls", raw: undefined },
+          usage,
+          warnings: [],
+        };
+      }
+      return { content: [{ type: "text", text: JSON.stringify(prompt.at(-1).content[0].output) }], finishReason: { unified: "stop", raw: undefined }, usage, warnings: [] };
+    },
+  });
+  // The row is added, but the result cannot be stored (a BigInt is not JSON): the outcome is unknown.
+  const tools = withIdempotency(
+    { add_row: tool({ inputSchema: z.object({ customer: z.string() }), execute: async ({ customer }) => (effects.add(customer), { n: 1n }) }) },
+    { store: `sqlite:${file}` },
+  );
+  const result = await withScope("run-ai-unknown", () => generateText({ model, prompt: "x", tools, stopWhen: stepCountIs(4) }));
+  assert.equal(effects.count(), 1);
+  assert.match(result.text, /outcome is unknown; do not call it again: an operator must check/);
 });

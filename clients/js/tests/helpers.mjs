@@ -47,3 +47,51 @@ export function rows(file) {
 
 export const REDIS = "redis://127.0.0.1:6379/?durability=volatile";
 export const postgres = (schema) => `postgres://postgres@127.0.0.1:5432/test?schema=${schema}`;
+
+/**
+ * A payment service on loopback: POST /charges counts one charge and answers its id. The
+ * effect the agent tests count is a real request to it, not a constant.
+ */
+export async function chargeService(t) {
+  const { createServer } = await import("node:http");
+  const charges = [];
+  const server = createServer((req, res) => {
+    let body = "";
+    req.on("data", (c) => (body += c));
+    req.on("end", () => {
+      const charge = { id: `ch_${charges.length + 1}`, ...JSON.parse(body || "{}") };
+      charges.push(charge);
+      res.writeHead(201, { "content-type": "application/json" }).end(JSON.stringify(charge));
+    });
+  });
+  await new Promise((ok) => server.listen(0, "127.0.0.1", ok));
+  t.after(() => new Promise((ok) => server.close(ok)));
+  const url = `http://127.0.0.1:${server.address().port}/charges`;
+  return {
+    charges,
+    /** One charge, through the network. */
+    charge: async (args) => {
+      const res = await fetch(url, { method: "POST", headers: { "content-type": "application/json" }, body: JSON.stringify(args) });
+      return res.json();
+    },
+  };
+}
+
+/**
+ * Holds a tool call in flight: `hold()` (in the tool) resolves `inside` and waits for `release()`,
+ * so a duplicate meets the first call still running.
+ */
+export function gate() {
+  let release;
+  const held = new Promise((ok) => (release = ok));
+  let entered;
+  const inside = new Promise((ok) => (entered = ok));
+  return {
+    inside,
+    release,
+    hold: async () => {
+      entered();
+      await held;
+    },
+  };
+}

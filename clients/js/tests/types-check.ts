@@ -82,3 +82,27 @@ const httpOptions = {
 export const forExpress: Promise<(req: any, res: any, next: (error?: unknown) => void) => void> = expressIdempotency(httpOptions);
 export const forFastify: (app: any) => Promise<void> = (app) => fastifyIdempotency(app, httpOptions);
 export const forHono = honoIdempotency({ store: "memory:" });
+
+// The agent frameworks of the second round.
+import { createAgent, tool as lcTool } from "langchain";
+import { idempotencyMiddleware, idempotentTools } from "idem-runtime/langchain";
+import { idempotentTool as mastraTool } from "idem-runtime/mastra";
+
+const lcCharge = lcTool(async ({ customer }: { customer: string }) => customer, {
+  name: "charge_card",
+  description: "charges",
+  schema: z.object({ customer: z.string() }),
+});
+export const lcAgent = createAgent({
+  model: "openai:gpt-4o",
+  tools: [lcCharge],
+  middleware: [idempotencyMiddleware({ tools: ["charge_card"], store: "sqlite:idem.db", scope: (call) => `order-${call.args.order_id}`, logger: console })],
+});
+export const forToolNode = idempotentTools([lcCharge], { store: "memory:", keyFields: { charge_card: ["customer"] } });
+export const mastraCharge = mastraTool({
+  id: "charge_card",
+  description: "charges",
+  inputSchema: z.object({ customer: z.string() }),
+  execute: async ({ context }: { context: { customer: string } }) => context.customer,
+  idem: { store: "memory:", scope: ({ runtimeContext }) => runtimeContext.get("orderId") as string, wait: null },
+});
