@@ -62,6 +62,8 @@ if not WHY:
         responses it was shown."""
 
         model: str = "scripted"
+        tool: str = "charge_card"
+        args: dict = ARGS
         seen: list = []
         asked: int = 0
 
@@ -77,7 +79,8 @@ if not WHY:
                 self.seen.append(responses[-1].response)
             if not responses or ("error" in str(responses[-1].response).lower() and len(turn) < 3):
                 self.asked += 1
-                call = types.FunctionCall(id=f"call-{self.asked}", name="charge_card", args=dict(ARGS))
+                call = types.FunctionCall(id=f"{self.tool}-{self.asked}" if self.tool != "charge_card" else f"call-{self.asked}",
+                                          name=self.tool, args=dict(self.args))
                 yield LlmResponse(content=types.Content(role="model", parts=[types.Part(function_call=call)]),
                                   usage_metadata=USAGE)
             else:
@@ -87,12 +90,13 @@ if not WHY:
     class LoseOnce(BasePlugin):
         """The first answer is lost on its way back: the model is told the call timed out."""
 
-        def __init__(self):
+        def __init__(self, tool="charge_card"):
             super().__init__(name="lose_once")
+            self.tool = tool
             self.lost = []
 
         async def after_tool_callback(self, *, tool, tool_args, tool_context, result):
-            if self.lost:
+            if self.lost or tool.name != self.tool:
                 return None
             self.lost.append(result)
             return {"error": "timed out waiting for the tool's answer"}
@@ -118,10 +122,10 @@ class GoogleAdkTest(unittest.TestCase):
         kw.setdefault("store", self.pay.store)
         return IdempotencyPlugin(tools=["charge_card"], **kw)
 
-    def run_agent(self, plugins, messages=("charge order 7",), state=None, llm=None):
+    def run_agent(self, plugins, messages=("charge order 7",), state=None, llm=None, agent=None):
         """Runs the messages in one session; answers (events, llm, session id)."""
         llm = llm or ScriptedLlm()
-        agent = LlmAgent(name="billing", model=llm, tools=self.tools)
+        agent = agent or LlmAgent(name="billing", model=llm, tools=self.tools)
         runner = InMemoryRunner(app=App(name="shop", root_agent=agent, plugins=list(plugins)))
 
         async def go():
@@ -191,6 +195,27 @@ class GoogleAdkTest(unittest.TestCase):
         replayed = [a.custom_metadata["idem"]["replayed"] for a in self.answers(events)]
         self.assertEqual(replayed, [False, True])
         self.assertIn("completed", self.pay.inspect(idem_runtime.derive_key("order-8", "charge_card", ARGS)))
+
+    def test_a_supervisor_re_delegating_to_an_agent_tool_hands_the_scope_down_in_the_state(self):
+        from google.adk.tools.agent_tool import AgentTool
+
+        def supervisor():
+            worker = LlmAgent(name="billing_worker", description="Charges cards.", model=ScriptedLlm(), tools=self.tools)
+            llm = ScriptedLlm(tool="billing_worker", args={"request": "charge cus_1 49.00 for order 7"})
+            return LlmAgent(name="supervisor", model=llm, tools=[AgentTool(agent=worker)]), llm
+
+        # The worker's answer is lost once; the supervisor asks it again. Each AgentTool run
+        # is an invocation of its own, so without a scope handed down: two charges.
+        agent, llm = supervisor()
+        self.run_agent([self.idem(), LoseOnce("billing_worker")], agent=agent, llm=llm)
+        self.assertEqual(self.pay.rows(), 2)
+        # The order in the session state, which AgentTool copies into the worker's session: one.
+        agent, llm = supervisor()
+        events, _, _ = self.run_agent([self.idem(), LoseOnce("billing_worker")], agent=agent, llm=llm,
+                                      state={"idem_scope": "order-7"})
+        self.assertEqual(self.pay.rows(), 3)
+        self.assertEqual(llm.seen[-1], {"result": "charged"})
+        self.assertIn("completed", self.pay.inspect(idem_runtime.derive_key("order-7", "charge_card", ARGS)))
 
     def test_scope_function_and_other_tools_untouched(self):
         plugin = self.idem(scope=lambda ctx: f"session-{ctx.session.id}")
