@@ -40,7 +40,8 @@ it was and releases the key; the tool's exception releases it too, unless ``keep
 ``unknown_errors=`` list it, and reaches ADK as before. What a tool does to its
 ``ToolContext`` (state, actions such as ``transfer_to_agent`` or ``escalate``) is not replayed:
 name only tools whose effect is their result. ``AgentTool``s (their own tools are the effects)
-and live (streaming) calls are never keyed.
+are never keyed, nor are streaming tools (async generators) in live runs, which ADK runs
+without ``run_async``.
 
 **Errors.** ADK fails the run on a tool's exception unless a plugin or callback answers it
 (``on_tool_error_callback``; ``ReflectAndRetryToolPlugin`` turns it into text for the model).
