@@ -18,7 +18,7 @@ import threading
 import unittest
 
 import cli_support
-from agent_effects import Payments
+from agent_effects import Payments, run_example
 from cli_support import need
 
 
@@ -120,6 +120,12 @@ class LlamaIndexTest(unittest.IsolatedAsyncioTestCase):
         handler = agent.run("charge order 7", ctx=ctx, run_id=run_id)
         results = [ev async for ev in handler.stream_events() if isinstance(ev, ToolCallResult)]
         return str(await handler), results, llm
+
+    async def test_the_readme_example_runs(self):
+        """examples/agents/llamaindex_charge.py, run as a user runs it: one charge for two calls."""
+        out = run_example("llamaindex_charge.py")
+        self.assertEqual(out.returncode, 0, out.stdout + out.stderr)
+        self.assertIn("1 charge for 2 tool calls", out.stdout)
 
     async def test_a_lost_answer_asked_again_by_the_model_charges_once(self):
         import idem_runtime

@@ -27,7 +27,7 @@ import unittest
 
 HERE = pathlib.Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "tests"))
-from agent_effects import Payments  # noqa: E402
+from agent_effects import Payments, run_example  # noqa: E402
 from cli_support import cli_missing, need  # noqa: E402
 
 
@@ -145,6 +145,12 @@ class GoogleAdkTest(unittest.TestCase):
     def answers(events):
         """The function-response events, in order."""
         return [e for e in events if e.get_function_responses()]
+
+    def test_the_readme_example_runs(self):
+        """examples/agents/adk_charge.py, run as a user runs it: one charge for two calls."""
+        out = run_example("adk_charge.py")
+        self.assertEqual(out.returncode, 0, out.stdout + out.stderr)
+        self.assertIn("1 charge for 2 tool calls (replayed: [False, True])", out.stdout)
 
     def test_a_lost_answer_asked_again_by_the_model_charges_once(self):
         events, llm, _ = self.run_agent([self.idem(), LoseOnce()])

@@ -24,8 +24,9 @@ sending the same instruction again, or a run restarted after a crash, charges ag
 the scope names what they share (the order, the job) through ``scope=``, ``run_id=`` or the
 Context. Never the tool call's id: it is new each time the model asks. The Context reaches
 the tool because the answered tool asks for it, as a ``FunctionTool`` with a ``Context``
-parameter does (``AgentWorkflow``, ``FunctionAgent``, ``ReActAgent`` and ``CodeActAgent``
-pass it); the tool given is called with it only if it asks for it too.
+parameter does (``AgentWorkflow``, ``FunctionAgent`` and ``ReActAgent`` pass it); the tool
+given is called with it only if it asks for it too. ``CodeActAgent`` refuses such tools (it
+calls their functions itself, which idem could not key).
 
 **Results.** A ``ToolOutput`` is stored as its content blocks and its ``raw_output`` (as
 JSON; a value JSON cannot hold is kept as its text) and replayed as a ``ToolOutput``; its
