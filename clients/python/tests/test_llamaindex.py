@@ -11,8 +11,6 @@ in flight.
 Run: cd clients/python/tests && python -m unittest test_llamaindex (IDEM_BIN for the CLI).
 """
 
-from __future__ import annotations
-
 import asyncio
 import threading
 import unittest
@@ -219,6 +217,44 @@ class LlamaIndexTest(unittest.IsolatedAsyncioTestCase):
         self.assertTrue(results[0].tool_output.is_error)
         self.assertIn("card network down", results[0].tool_output.content)
         self.assertFalse(results[1].tool_output.is_error)
+
+    async def test_a_tool_asking_for_the_context_gets_it_and_odd_outputs(self):
+        from llama_index.core.tools import FunctionTool, ToolOutput
+        from llama_index.core.workflow import Context
+
+        seen = []
+
+        async def charge_card(ctx: Context, customer: str, amount_cents: int) -> object:
+            """Charge a customer's card."""
+            seen.append(await ctx.store.get("idem_scope", default=None))
+            self.pay.charge(customer, amount_cents)
+            return Receipt()
+
+        class Receipt:
+            def __str__(self):
+                return "receipt for ch_1"
+
+        tool = self.idem(FunctionTool.from_defaults(async_fn=charge_card))
+        _, results, _ = await self.run_agent([loses_the_first_answer(tool)])
+        self.assertEqual(self.pay.rows(), 1, [r.tool_output for r in results])
+        self.assertEqual(seen, [None], "the Context reached the tool given, once")
+        # An output JSON cannot hold is replayed as its text.
+        self.assertEqual(results[1].tool_output.raw_output, "receipt for ch_1")
+        self.assertEqual(results[1].tool_output.content, "receipt for ch_1")
+
+        # A ToolOutput with is_error that the tool returns is given as it was and released.
+        class Reporting(FunctionTool):
+            async def acall(self, *args, **kwargs):
+                calls.append(1)
+                return ToolOutput(tool_name="charge_card", content="Error: declined, try later", raw_input=kwargs,
+                                  raw_output=None, is_error=len(calls) == 1)
+
+        calls = []
+        reporting = Reporting(async_fn=charge_card, metadata=self.plain.metadata)
+        reporting.requires_context = False
+        _, results, _ = await self.run_agent([self.idem(reporting)])
+        self.assertEqual(len(calls), 2, "the error output released the key: the retry ran")
+        self.assertTrue(results[0].tool_output.is_error)
 
     async def test_not_configured_is_logged_at_error_and_told_to_the_model(self):
         tool = self.idem()
