@@ -122,7 +122,7 @@ class GoogleAdkTest(unittest.TestCase):
         kw.setdefault("store", self.pay.store)
         return IdempotencyPlugin(tools=["charge_card"], **kw)
 
-    def run_agent(self, plugins, messages=("charge order 7",), state=None, llm=None, agent=None):
+    def run_agent(self, plugins, messages=("charge order 7",), state=None, llm=None, agent=None, run_config=None):
         """Runs the messages in one session; answers (events, llm, session id)."""
         llm = llm or ScriptedLlm()
         agent = agent or LlmAgent(name="billing", model=llm, tools=self.tools)
@@ -133,7 +133,8 @@ class GoogleAdkTest(unittest.TestCase):
             events = []
             for text in messages:
                 message = types.Content(role="user", parts=[types.Part.from_text(text=text)])
-                async for event in runner.run_async(user_id="u1", session_id=session.id, new_message=message):
+                async for event in runner.run_async(user_id="u1", session_id=session.id, new_message=message,
+                                                    run_config=run_config):
                     events.append(event)
             await runner.close()
             return events, session.id
@@ -164,6 +165,17 @@ class GoogleAdkTest(unittest.TestCase):
         self.assertEqual(answers[0].custom_metadata["idem"], {"key": key, "replayed": False})
         self.assertEqual(answers[1].custom_metadata["idem"], {"key": key, "replayed": True})
         self.assertIn("completed", self.pay.inspect(key))
+
+    def test_a_lost_answer_with_tools_on_adks_thread_pool(self):
+        from google.adk.agents.run_config import RunConfig, ToolThreadPoolConfig
+
+        # A synchronous tool runs on ADK's tool thread pool (in an event loop of its own there).
+        pool = RunConfig(tool_thread_pool_config=ToolThreadPoolConfig(max_workers=2))
+        events, _, _ = self.run_agent([self.idem(), LoseOnce()], run_config=pool)
+        self.assertEqual(self.pay.rows(), 1)
+        self.assertTrue(self.answers(events)[1].custom_metadata["idem"]["replayed"])
+        self.run_agent([LoseOnce()], run_config=pool)
+        self.assertEqual(self.pay.rows(), 3, "without idem: two more")
 
     def test_without_idem_the_same_retry_charges_twice(self):
         self.run_agent([LoseOnce()])
@@ -229,6 +241,24 @@ class GoogleAdkTest(unittest.TestCase):
         self.assertEqual(self.pay.rows(), 1)
         key = idem_runtime.derive_key(f"session-{session_id}", "charge_card", ARGS)
         self.assertEqual(self.answers(events)[1].custom_metadata["idem"], {"key": key, "replayed": True})
+
+    def test_a_callback_that_answers_the_call_leaves_idem_out(self):
+        blocked = []
+
+        def guard(tool, args, tool_context):
+            """An agent's before_tool_callback that answers the first call itself."""
+            if not blocked:
+                blocked.append(tool_context.function_call_id)
+                return {"error": "blocked by policy: ask again"}
+            return None
+
+        agent = LlmAgent(name="billing", model=ScriptedLlm(), tools=self.tools, before_tool_callback=guard)
+        events, _, _ = self.run_agent([self.idem()], agent=agent, llm=agent.model)
+        self.assertEqual(blocked, ["call-1"])
+        self.assertEqual(self.pay.rows(), 1, "the guard's answer was not stored: the next call ran")
+        answers = self.answers(events)
+        self.assertIsNone(answers[0].custom_metadata)
+        self.assertFalse(answers[1].custom_metadata["idem"]["replayed"])
 
     def test_the_tools_error_result_releases_the_key(self):
         calls = []
