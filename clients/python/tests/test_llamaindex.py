@@ -191,12 +191,17 @@ class LlamaIndexTest(unittest.IsolatedAsyncioTestCase):
         await self.run_agent([by_customer])
         await self.run_agent([by_customer])
         self.assertEqual(self.pay.rows(), 1)
+        # An enclosing scope around two runs (a job that runs the agent again after a crash).
+        with idem_runtime.scope("job-4"):
+            await self.run_agent([self.idem()])
+            await self.run_agent([self.idem()])
+        self.assertEqual(self.pay.rows(), 2, "one more charge for the two runs of the job")
         # Outside any workflow run: the enclosing scope, sync and async.
         tool = self.idem()
         with idem_runtime.scope("job-5"):
             out1 = tool.call(**ARGS)
             out2 = await tool.acall(**ARGS)
-        self.assertEqual(self.pay.rows(), 2)
+        self.assertEqual(self.pay.rows(), 3)
         self.assertEqual([out1.raw_input["idem"]["replayed"], out2.raw_input["idem"]["replayed"]], [False, True])
         self.assertEqual(out2.raw_output, out1.raw_output)
 
