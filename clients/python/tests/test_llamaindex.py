@@ -147,6 +147,24 @@ class LlamaIndexTest(unittest.IsolatedAsyncioTestCase):
         await self.run_agent([loses_the_first_answer(self.plain)], run_id="run-7")
         self.assertEqual(self.pay.rows(), 2)
 
+    async def test_the_same_charge_twice_in_one_model_turn_runs_once(self):
+        from llama_index.core.base.llms.types import ToolCallBlock
+        from llama_index.core.llms import ChatMessage, MessageRole
+        from llama_index.core.llms.mock import MockFunctionCallingLLM
+
+        def two_at_once(messages, **kwargs):
+            if messages[-1].role == MessageRole.TOOL:
+                return ChatMessage(role=MessageRole.ASSISTANT, content="charged")
+            calls = [ToolCallBlock(tool_call_id=f"p-{n}", tool_name="charge_card", tool_kwargs=dict(ARGS)) for n in (1, 2)]
+            return ChatMessage(role=MessageRole.ASSISTANT, blocks=calls)
+
+        # The agent runs the two calls as two steps at once; the second waits for the first.
+        _, results, _ = await self.run_agent([self.idem()], llm=MockFunctionCallingLLM(response_generator=two_at_once))
+        self.assertEqual(self.pay.rows(), 1)
+        self.assertEqual(sorted(r.tool_output.raw_input["idem"]["replayed"] for r in results), [False, True])
+        await self.run_agent([self.plain], llm=MockFunctionCallingLLM(response_generator=two_at_once))
+        self.assertEqual(self.pay.rows(), 3, "without idem: both run")
+
     async def test_each_run_is_a_scope_unless_the_context_names_one(self):
         from llama_index.core.agent.workflow import FunctionAgent
         from llama_index.core.workflow import Context

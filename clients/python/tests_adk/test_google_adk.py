@@ -166,6 +166,25 @@ class GoogleAdkTest(unittest.TestCase):
         self.assertEqual(answers[1].custom_metadata["idem"], {"key": key, "replayed": True})
         self.assertIn("completed", self.pay.inspect(key))
 
+    def test_the_same_charge_twice_in_one_model_turn_runs_once(self):
+        class TwoAtOnce(ScriptedLlm):
+            """Asks for the same charge twice in one response (parallel function calls)."""
+
+            async def generate_content_async(self, llm_request, stream=False):
+                if any(p.function_response for p in llm_request.contents[-1].parts or []):
+                    yield LlmResponse(content=types.Content(role="model", parts=[types.Part.from_text(text="charged")]),
+                                      usage_metadata=USAGE)
+                    return
+                calls = [types.Part(function_call=types.FunctionCall(id=f"p-{n}", name="charge_card", args=dict(ARGS)))
+                         for n in (1, 2)]
+                yield LlmResponse(content=types.Content(role="model", parts=calls), usage_metadata=USAGE)
+
+        # ADK runs the two at once; the second waits for the first (wait=) and gets its result.
+        self.run_agent([self.idem()], llm=TwoAtOnce())
+        self.assertEqual(self.pay.rows(), 1)
+        self.run_agent([], llm=TwoAtOnce())
+        self.assertEqual(self.pay.rows(), 3, "without idem: both run")
+
     def test_a_lost_answer_with_tools_on_adks_thread_pool(self):
         from google.adk.agents.run_config import RunConfig, ToolThreadPoolConfig
 
