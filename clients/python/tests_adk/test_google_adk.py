@@ -196,6 +196,56 @@ class GoogleAdkTest(unittest.TestCase):
         self.run_agent([LoseOnce()], run_config=pool)
         self.assertEqual(self.pay.rows(), 3, "without idem: two more")
 
+    def test_a_resumed_invocation_keeps_its_scope(self):
+        from google.adk.apps import ResumabilityConfig
+
+        class DiesOnce(ScriptedLlm):
+            """The process dies on the model call after the charge; resumed, the model asks
+            for the charge again (a new function-call id), then answers."""
+
+            died: bool = False
+
+            async def generate_content_async(self, llm_request, stream=False):
+                answered = any(p.function_response for c in llm_request.contents for p in c.parts or [])
+                if answered and not self.died:
+                    self.died = True
+                    raise RuntimeError("the process died")
+                if answered and self.asked < 2:
+                    self.asked += 1
+                    call = types.FunctionCall(id="call-after-resume", name="charge_card", args=dict(ARGS))
+                    yield LlmResponse(content=types.Content(role="model", parts=[types.Part(function_call=call)]),
+                                      usage_metadata=USAGE)
+                    return
+                async for response in super().generate_content_async(llm_request, stream):
+                    yield response
+
+        def run(plugins):
+            agent = LlmAgent(name="billing", model=DiesOnce(), tools=self.tools)
+            app = App(name="shop", root_agent=agent, plugins=plugins,
+                      resumability_config=ResumabilityConfig(is_resumable=True))
+            runner = InMemoryRunner(app=app)
+
+            async def go():
+                session = await runner.session_service.create_session(app_name="shop", user_id="u1")
+                message = types.Content(role="user", parts=[types.Part.from_text(text="charge order 7")])
+                seen = []
+                with self.assertRaises(RuntimeError):
+                    async for event in runner.run_async(user_id="u1", session_id=session.id, new_message=message):
+                        seen.append(event.invocation_id)
+                async for event in runner.run_async(user_id="u1", session_id=session.id, invocation_id=seen[-1]):
+                    seen.append(event)
+                await runner.close()
+                return seen
+
+            return asyncio.run(go())
+
+        resumed = run([self.idem()])
+        self.assertEqual(self.pay.rows(), 1, "the resumed invocation's call replayed the one before the crash")
+        marks = [e.custom_metadata["idem"] for e in resumed[1:] if not isinstance(e, str) and e.custom_metadata]
+        self.assertEqual(marks, [{"key": idem_runtime.derive_key(resumed[0], "charge_card", ARGS), "replayed": True}])
+        run([])
+        self.assertEqual(self.pay.rows(), 3, "without idem: charged again after the resume")
+
     def test_without_idem_the_same_retry_charges_twice(self):
         self.run_agent([LoseOnce()])
         self.assertEqual(self.pay.rows(), 2)

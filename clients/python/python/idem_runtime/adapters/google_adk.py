@@ -25,11 +25,11 @@ order_id}`` on ``run_async``; ``AgentTool`` copies the state into its sub-agent'
 this is how a scope is handed down), else the invocation id: ADK's id for one
 ``runner.run_async`` (one user message and everything the agents do for it, sub-agents reached
 by transfer included; random, ``e-`` and a uuid), kept when a resumable app resumes the
-invocation. Not the session id by default: a session is a conversation, in which the same
-charge asked in a later message may be a new intent (pass ``scope=lambda ctx: ctx.session.id``
-where it never is). So a human sending the same instruction again, in a new message, charges
-again unless the scope names what they share (the order). Never the function call's id: it is
-new each time the model asks.
+invocation after a crash (``run_async(invocation_id=...)``). Not the session id by default: a
+session is a conversation, in which the same charge asked in a later message may be a new
+intent (pass ``scope=lambda ctx: ctx.session.id`` where it never is). So a human sending the
+same instruction again, in a new message, charges again unless the scope names what they
+share (the order). Never the function call's id: it is new each time the model asks.
 
 **Results.** A result is stored (as JSON: pydantic values, ADK's media parts included, as
 their JSON form) and replayed; the function-response event of a call idem answered carries
