@@ -3,8 +3,11 @@ the test's own (not idem's store), and the store, both in a temporary directory.
 
 from __future__ import annotations
 
+import os
 import pathlib
 import sqlite3
+import subprocess
+import sys
 import tempfile
 import unittest
 
@@ -41,3 +44,11 @@ def lost_answer() -> Exception:
     """The error a caller sees when the tool acted and stored its result, but the answer did
     not come back (a connection dropped, a deadline passed)."""
     return TimeoutError("timed out waiting for the tool's answer (it may have run)")
+
+
+def run_example(name: str) -> subprocess.CompletedProcess:
+    """Runs ``examples/agents/NAME`` as a user runs it, with this interpreter and the
+    idem_runtime this test imports."""
+    example = pathlib.Path(__file__).resolve().parents[3] / "examples" / "agents" / name
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+    return subprocess.run([sys.executable, str(example)], capture_output=True, text=True, timeout=300, env=env)

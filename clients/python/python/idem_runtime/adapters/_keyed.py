@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import json
 import logging
 from typing import Any, Awaitable, Callable, Dict, Iterator, Mapping, Optional, Sequence, Tuple, Union
 
@@ -175,6 +176,19 @@ def idem_metadata(outcome: Outcome) -> Dict[str, Any]:
     """What an adapter attaches to a tool's answer where the framework keeps data the model
     does not see: the key (for ``idem inspect``) and whether this answer is a replay."""
     return {"idem": {"key": outcome.key, "replayed": outcome.replayed}}
+
+
+def as_json(value: Any) -> Any:
+    """A framework's tool result as a store keeps it (JSON): pydantic models as their JSON
+    form, anything else JSON cannot hold as its text. A replay gives this form back; the call
+    that ran gives the tool's own value. (A result the codec could not encode would leave the
+    key's outcome unknown, and every retry refused, for a tool that did run.)"""
+
+    def default(o: Any) -> Any:
+        dump = getattr(o, "model_dump", None)
+        return dump(mode="json") if callable(dump) else str(o)
+
+    return json.loads(json.dumps(value, default=default))
 
 
 _log = logging.getLogger("idem_runtime")
