@@ -330,10 +330,12 @@ mod tests {
 
     use super::*;
 
-    /// Answers with the name of the thread that ran the request, after `delay`.
+    /// Answers with the name of the thread that ran the request, after `delay`; counts the
+    /// requests it has begun, so a test can wait until they are under way.
     #[derive(Clone)]
     struct ThreadNamer {
         delay: Duration,
+        started: Arc<std::sync::atomic::AtomicUsize>,
     }
 
     impl hyper::service::Service<http::Request<Incoming>> for ThreadNamer {
@@ -344,6 +346,8 @@ mod tests {
 
         fn call(&self, _req: http::Request<Incoming>) -> Self::Future {
             let delay = self.delay;
+            self.started
+                .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
             Box::pin(async move {
                 tokio::time::sleep(delay).await;
                 let name = std::thread::current().name().unwrap_or("?").to_owned();
@@ -356,14 +360,34 @@ mod tests {
         addr: SocketAddr,
         stop: oneshot::Sender<()>,
         done: tokio::task::JoinHandle<bool>,
+        started: Arc<std::sync::atomic::AtomicUsize>,
+    }
+
+    impl Harness {
+        /// Returns once `n` requests have reached the service (not a guess at how long
+        /// that takes on a loaded machine).
+        async fn until_started(&self, n: usize) {
+            while self.started.load(std::sync::atomic::Ordering::SeqCst) < n {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        }
     }
 
     /// `threads` serving threads behind a loopback acceptor, as `serve` runs them.
     async fn start(threads: usize, delay: Duration, drain: Duration) -> Harness {
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
         let addr = listener.local_addr().expect("addr");
+        let started = Arc::new(std::sync::atomic::AtomicUsize::new(0));
         let prepare = (0..threads)
-            .map(|_| move || async move { Ok(move |_peer| ThreadNamer { delay }) })
+            .map(|_| {
+                let started = started.clone();
+                move || async move {
+                    Ok(move |_peer| ThreadNamer {
+                        delay,
+                        started: started.clone(),
+                    })
+                }
+            })
             .collect();
         let mut serving = Threads::start(prepare, &http1::Builder::new(), drain)
             .await
@@ -383,7 +407,12 @@ mod tests {
             }
             serving.drain(&TaskTracker::new()).await
         });
-        Harness { addr, stop, done }
+        Harness {
+            addr,
+            stop,
+            done,
+            started,
+        }
     }
 
     async fn connect(addr: SocketAddr) -> client::SendRequest<Empty<bytes::Bytes>> {
@@ -439,6 +468,7 @@ mod tests {
                     let _ = seen.send(name);
                     Ok(|_peer| ThreadNamer {
                         delay: Duration::ZERO,
+                        started: Arc::default(),
                     })
                 }
             })
@@ -469,6 +499,7 @@ mod tests {
                         let _held = &alive;
                         ThreadNamer {
                             delay: Duration::ZERO,
+                            started: Arc::default(),
                         }
                     })
                 }
@@ -495,7 +526,7 @@ mod tests {
         let h = start(2, Duration::from_millis(300), Duration::from_secs(5)).await;
         let mut send = connect(h.addr).await;
         let answer = tokio::spawn(async move { ask(&mut send).await });
-        tokio::time::sleep(Duration::from_millis(100)).await;
+        h.until_started(1).await;
         let _ = h.stop.send(());
         assert!(answer.await.expect("request").starts_with("idem-serve-"));
         assert!(h.done.await.expect("acceptor"), "drained in time");
@@ -509,7 +540,7 @@ mod tests {
             let mut send = connect(h.addr).await;
             pending.push(tokio::spawn(async move { ask(&mut send).await }));
         }
-        tokio::time::sleep(Duration::from_millis(100)).await;
+        h.until_started(4).await;
         let began = std::time::Instant::now();
         let _ = h.stop.send(());
         assert!(!h.done.await.expect("acceptor"), "reported as not drained");
