@@ -22,6 +22,7 @@
 use std::io::Write as _;
 pub mod cases;
 pub mod load;
+pub mod pgbouncer;
 
 use std::future::Future;
 use std::sync::Arc;
