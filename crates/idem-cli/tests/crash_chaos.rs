@@ -1,5 +1,6 @@
 //! Crash chaos: the real `idem serve` under keyed load, killed with SIGKILL at random moments
-//! and restarted on the same store, on SQLite, PostgreSQL and Redis (a private server with
+//! and restarted on the same store, on SQLite, PostgreSQL (directly and through PgBouncer in
+//! transaction mode) and Redis (a private server with
 //! `appendonly yes`, `appendfsync always`, which the store accepts without
 //! `durability=volatile`). On Redis, one kill in three is of the Redis server instead,
 //! restarted on its AOF: a claim it acknowledged must survive it.
@@ -354,6 +355,32 @@ async fn sigkill_chaos_on_postgres() {
     let schema = format!("idem_chaos_{:016x}", rand::random::<u64>());
     let store = format!("postgres://postgres@127.0.0.1:5432/test?schema={schema}");
     chaos(&store, "PostgreSQL", None).await;
+    match idem_store_postgres::PgStore::connect_url(&store).await {
+        Ok(s) => {
+            let _ = s.drop_schema().await;
+        }
+        Err(e) => eprintln!("could not drop {schema}: {e}"),
+    }
+}
+
+/// The same through a private PgBouncer in transaction mode, which the store finds out by
+/// itself: every gateway's connections share its few server connections.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "crash chaos: run by .ci/run's own step"]
+async fn sigkill_chaos_on_postgres_through_pgbouncer() {
+    let test = "sigkill_chaos_on_postgres_through_pgbouncer";
+    let bouncer = match idem_conformance::pgbouncer::PgBouncer::start(
+        idem_conformance::pgbouncer::PoolMode::Transaction,
+    ) {
+        Ok(b) => b,
+        Err(why) => return idem_conformance::skip(test, &why),
+    };
+    let schema = format!("idem_chaos_pgb_{:016x}", rand::random::<u64>());
+    let store = format!(
+        "postgres://postgres@127.0.0.1:{}/test?schema={schema}",
+        bouncer.port
+    );
+    chaos(&store, "PostgreSQL through PgBouncer", None).await;
     match idem_store_postgres::PgStore::connect_url(&store).await {
         Ok(s) => {
             let _ = s.drop_schema().await;
