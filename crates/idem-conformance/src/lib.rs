@@ -23,6 +23,7 @@ use std::io::Write as _;
 pub mod cases;
 pub mod load;
 pub mod pgbouncer;
+pub mod pgcluster;
 
 use std::future::Future;
 use std::sync::Arc;

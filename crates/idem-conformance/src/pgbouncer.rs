@@ -36,6 +36,9 @@ impl PoolMode {
     }
 }
 
+/// A PgBouncer [`PgBouncer::shared`] started, or why it could not.
+type Started = (PoolMode, Result<PgBouncer, String>);
+
 /// A running PgBouncer; stopped and its directory removed when dropped.
 #[derive(Debug)]
 pub struct PgBouncer {
@@ -119,8 +122,7 @@ impl PgBouncer {
 
     /// The one PgBouncer in `mode` of this test process, started on first use; its port.
     pub fn shared(mode: PoolMode) -> Result<u16, String> {
-        static RUNNING: OnceLock<Mutex<Vec<(PoolMode, Result<PgBouncer, String>)>>> =
-            OnceLock::new();
+        static RUNNING: OnceLock<Mutex<Vec<Started>>> = OnceLock::new();
         let mut running = RUNNING
             .get_or_init(Mutex::default)
             .lock()
@@ -173,12 +175,13 @@ fn readable_by_all(dir: &std::path::Path) -> std::io::Result<()> {
     Ok(())
 }
 
-/// Stops process `pid` and removes `dir` once this test process has ended.
+/// Stops process `pid` and removes `dir` once this test process has ended (while it runs,
+/// the value that started them cleans up when dropped).
 pub(crate) fn watchdog(pid: u32, dir: &std::path::Path) {
     let me = std::process::id();
     let script = format!(
         "while kill -0 {me} 2>/dev/null && kill -0 {pid} 2>/dev/null; do sleep 0.5; done; \
-         kill -9 {pid} 2>/dev/null; rm -rf '{}'",
+         if ! kill -0 {me} 2>/dev/null; then kill -9 {pid} 2>/dev/null; rm -rf '{}'; fi",
         dir.display()
     );
     let _ = Command::new("sh")
