@@ -136,25 +136,12 @@ impl Inner {
         params: &Params<'_>,
     ) -> Result<Vec<Row>, tokio_postgres::Error> {
         if !self.pooled {
-            let types: Vec<Type> = params.iter().map(|(_, t)| t.clone()).collect();
-            let stmt = c.prepare_typed_cached(sql, &types).await?;
-            let values: Vec<&(dyn ToSql + Sync)> = params.iter().map(|(v, _)| *v).collect();
-            return c.query(&stmt, &values).await;
+            let stmt = prepared(c, sql, params).await?;
+            return c.query(&stmt, &values(params)).await;
         }
         let raw = c.raw();
-        if lane == Lane::Read || c.in_transaction() {
-            return raw.query_typed(sql, params).await;
-        }
-        let begin = raw.batch_execute(self.begin(lane));
-        let rows = raw.query_typed(sql, params);
-        let commit = raw.batch_execute("COMMIT");
-        // In order: each sends its messages when first polled, so the three leave together.
-        let (begun, rows, committed) = tokio::join!(biased; begin, rows, commit);
-        begun?;
-        let rows = rows?;
-        // The claim is durable only once this answers; until then it is not acknowledged.
-        committed?;
-        Ok(rows)
+        self.pooled_write(c, lane, raw.query_typed(sql, params))
+            .await
     }
 
     /// Like [`Inner::query`], for a statement whose count of changed rows is its answer.
@@ -166,23 +153,35 @@ impl Inner {
         params: &Params<'_>,
     ) -> Result<u64, tokio_postgres::Error> {
         if !self.pooled {
-            let types: Vec<Type> = params.iter().map(|(_, t)| t.clone()).collect();
-            let stmt = c.prepare_typed_cached(sql, &types).await?;
-            let values: Vec<&(dyn ToSql + Sync)> = params.iter().map(|(v, _)| *v).collect();
-            return c.execute(&stmt, &values).await;
+            let stmt = prepared(c, sql, params).await?;
+            return c.execute(&stmt, &values(params)).await;
         }
         let raw = c.raw();
+        self.pooled_write(c, lane, raw.execute_typed(sql, params))
+            .await
+    }
+
+    /// Behind a pooler: `statement` alone inside a transaction (the caller's) or for a read;
+    /// otherwise inside a transaction of its own that sets `lane`'s settings first.
+    async fn pooled_write<T>(
+        &self,
+        c: &impl Conn,
+        lane: Lane,
+        statement: impl Future<Output = Result<T, tokio_postgres::Error>>,
+    ) -> Result<T, tokio_postgres::Error> {
         if lane == Lane::Read || c.in_transaction() {
-            return raw.execute_typed(sql, params).await;
+            return statement.await;
         }
+        let raw = c.raw();
         let begin = raw.batch_execute(self.begin(lane));
-        let n = raw.execute_typed(sql, params);
         let commit = raw.batch_execute("COMMIT");
-        let (begun, n, committed) = tokio::join!(biased; begin, n, commit);
+        // In order: each sends its messages when first polled, so the three leave together.
+        let (begun, out, committed) = tokio::join!(biased; begin, statement, commit);
         begun?;
-        let n = n?;
+        let out = out?;
+        // A claim is durable only once this answers; until then it is not acknowledged.
         committed?;
-        Ok(n)
+        Ok(out)
     }
 
     /// Sets `lane`'s settings inside a transaction the store opened itself (an operator's
@@ -263,6 +262,21 @@ impl Inner {
             .ok_or_else(|| unavailable_because("read", "no row"))?;
         Ok((now_of(row)?, record_of(row)?))
     }
+}
+
+/// `sql` prepared with its parameters' types, cached on the connection (a direct one).
+async fn prepared(
+    c: &impl Conn,
+    sql: &str,
+    params: &Params<'_>,
+) -> Result<tokio_postgres::Statement, tokio_postgres::Error> {
+    let types: Vec<Type> = params.iter().map(|(_, t)| t.clone()).collect();
+    c.prepare_typed_cached(sql, &types).await
+}
+
+/// The parameters' values alone, for a prepared statement.
+fn values<'a>(params: &Params<'a>) -> Vec<&'a (dyn ToSql + Sync)> {
+    params.iter().map(|(v, _)| *v).collect()
 }
 
 /// The settings every idem connection runs with, whatever the database's or role's
