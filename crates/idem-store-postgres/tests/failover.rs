@@ -12,7 +12,7 @@
 //! printed (`--nocapture`): docs/benchmarks.md, "PostgreSQL failover". Each mode runs twice:
 //! with the standby streaming to the end, and with it lagging 300 ms (the primary's WAL
 //! sender stopped), as across a slow link. Skips without `initdb` unless IDEM_REQUIRE_SERVICES=1.
-//! About 10 s per case, so `#[ignore]`d; `.ci/run` runs them in their own step:
+//! About 10 to 25 s per case, so `#[ignore]`d; `.ci/run` runs them in their own step:
 //! `cargo test -p idem-store-postgres --test failover -- --ignored --nocapture --test-threads 1`.
 
 use std::collections::HashMap;
