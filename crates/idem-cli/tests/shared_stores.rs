@@ -4,7 +4,9 @@
 //!
 //! The gateways reach the store through a relay in this process, so a test can cut the
 //! store off (every connection reset, new ones refused) without stopping the server other
-//! tests use. Without a server these tests skip, unless IDEM_REQUIRE_SERVICES=1.
+//! tests use. PostgreSQL is run directly and again through a private PgBouncer in transaction
+//! and in session mode. Without a server (or pgbouncer) these tests skip, unless
+//! IDEM_REQUIRE_SERVICES=1.
 
 mod support;
 
@@ -13,6 +15,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use idem_conformance::pgbouncer::{PgBouncer, PoolMode};
 use support::*;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::task::JoinHandle;
@@ -191,6 +194,55 @@ async fn two_gateways_on_postgres() {
         }
         Err(e) => eprintln!("could not drop {schema}: {e}"),
     }
+}
+
+/// The same through a private PgBouncer (the relay between the gateways and it) in `mode`:
+/// in transaction mode the store finds the pooler out by itself; in session mode the URL
+/// says `pooler=transaction`.
+async fn two_gateways_through_pgbouncer(test: &str, mode: PoolMode, params: &str) {
+    let bouncer = match PgBouncer::start(mode) {
+        Ok(b) => b,
+        Err(why) => return idem_conformance::skip(test, &why),
+    };
+    let Some(pg) = server(test, "PostgreSQL", "127.0.0.1:5432") else {
+        return;
+    };
+    let bounced = format!("127.0.0.1:{}", bouncer.port);
+    let relay = Relay::start(bounced.parse().unwrap_or_else(|e| panic!("{e}"))).await;
+    let schema = unique("idem_e2e_pgb_");
+    let store = format!(
+        "postgres://postgres@{}/test?schema={schema}{params}",
+        relay.addr
+    );
+    two_gateways_one_store(&store).await;
+    outage_fails_closed_and_recovers(&store, &relay).await;
+    let direct = format!("postgres://postgres@{pg}/test?schema={schema}");
+    match idem_store_postgres::PgStore::connect_url(&direct).await {
+        Ok(s) => {
+            let _ = s.drop_schema().await;
+        }
+        Err(e) => eprintln!("could not drop {schema}: {e}"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_gateways_on_postgres_through_pgbouncer_in_transaction_mode() {
+    two_gateways_through_pgbouncer(
+        "two_gateways_on_postgres_through_pgbouncer_in_transaction_mode",
+        PoolMode::Transaction,
+        "",
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_gateways_on_postgres_through_pgbouncer_in_session_mode() {
+    two_gateways_through_pgbouncer(
+        "two_gateways_on_postgres_through_pgbouncer_in_session_mode",
+        PoolMode::Session,
+        "&pooler=transaction",
+    )
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

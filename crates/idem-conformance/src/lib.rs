@@ -22,6 +22,8 @@
 use std::io::Write as _;
 pub mod cases;
 pub mod load;
+pub mod pgbouncer;
+pub mod pgcluster;
 pub mod redis_servers;
 
 use std::future::Future;

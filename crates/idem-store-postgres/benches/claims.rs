@@ -5,6 +5,12 @@
 //! Run: `cargo bench -p idem-store-postgres --bench claims` (server from IDEM_TEST_POSTGRES,
 //! default postgres://postgres@127.0.0.1:5432/test; a schema of its own, dropped after).
 //! IDEM_BENCH_BATCHES sets how many batched statements run at once (default 2).
+//!
+//! Behind a pooler: `IDEM_BENCH_PGBOUNCER=transaction` (or `session`) starts a private
+//! PgBouncer in that mode in front of the server ([`idem_conformance::pgbouncer`]) and runs
+//! the store's operations through it (the naive path's named statements would not survive
+//! transaction pooling, so it is left out); `?pooler=transaction` in IDEM_TEST_POSTGRES runs
+//! the pooled path (unnamed statements, settings per transaction) on a direct connection.
 
 use std::time::Duration;
 
@@ -84,8 +90,34 @@ fn claims(c: &mut Criterion) {
         .enable_all()
         .build()
         .unwrap_or_else(|e| panic!("{e}"));
-    let url = std::env::var("IDEM_TEST_POSTGRES")
+    let mut url = std::env::var("IDEM_TEST_POSTGRES")
         .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned());
+    let bouncer = std::env::var("IDEM_BENCH_PGBOUNCER").ok().map(|mode| {
+        use idem_conformance::pgbouncer::{PgBouncer, PoolMode};
+        let mode = match mode.as_str() {
+            "transaction" => PoolMode::Transaction,
+            "session" => PoolMode::Session,
+            other => panic!("IDEM_BENCH_PGBOUNCER={other}: transaction or session"),
+        };
+        let bouncer = PgBouncer::start(mode).unwrap_or_else(|e| panic!("{e}"));
+        url = format!("{}?pooler=transaction", PgBouncer::url(bouncer.port));
+        bouncer
+    });
+    let ops: &[(&str, Op)] = if bouncer.is_some() {
+        &[
+            ("claim", Op::Claim),
+            ("claim_complete", Op::Pair),
+            ("replay", Op::Replay),
+        ]
+    } else {
+        &[
+            ("claim", Op::Claim),
+            ("naive_claim", Op::NaiveClaim),
+            ("claim_complete", Op::Pair),
+            ("naive_claim_complete", Op::NaivePair),
+            ("replay", Op::Replay),
+        ]
+    };
     let mut opts = PgOptions::from_url(&url).unwrap_or_else(|e| panic!("{e}"));
     opts.schema = "idem_bench".into();
     if let Some(n) = std::env::var("IDEM_BENCH_BATCHES")
@@ -109,7 +141,8 @@ fn claims(c: &mut Criterion) {
             .max_size(opts.pool_size)
             .build()
             .unwrap_or_else(|e| panic!("{e}"));
-        naive
+        store
+            .pool()
             .get()
             .await
             .unwrap_or_else(|e| panic!("{e}"))
@@ -126,13 +159,7 @@ fn claims(c: &mut Criterion) {
     group.throughput(Throughput::Elements(1));
     group.measurement_time(Duration::from_secs(5));
     group.sample_size(10);
-    for (name, op) in [
-        ("claim", Op::Claim),
-        ("naive_claim", Op::NaiveClaim),
-        ("claim_complete", Op::Pair),
-        ("naive_claim_complete", Op::NaivePair),
-        ("replay", Op::Replay),
-    ] {
+    for &(name, op) in ops {
         group.bench_with_input(BenchmarkId::new(name, CONCURRENCY), &op, |b, &op| {
             b.iter_custom(|iters| run(&rt, &store, &naive, op, iters));
         });
@@ -140,12 +167,13 @@ fn claims(c: &mut Criterion) {
     group.finish();
     rt.block_on(async {
         let _ = store.drop_schema().await;
-        if let Ok(c) = naive.get().await {
+        if let Ok(c) = store.pool().get().await {
             let _ = c
                 .batch_execute("DROP SCHEMA idem_bench_naive CASCADE")
                 .await;
         }
     });
+    drop(bouncer);
 }
 
 criterion_group!(benches, claims);

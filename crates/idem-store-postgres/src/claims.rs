@@ -9,7 +9,6 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
-use deadpool_postgres::GenericClient;
 use idem_core::clock::duration_millis;
 use idem_core::{
     AbandonedPolicy, Claim, ClaimRequest, FencingToken, Lease, Record, StoreError, Timestamp,
@@ -18,7 +17,7 @@ use idem_core::{
 use tokio::sync::oneshot;
 
 use crate::batch::Job;
-use crate::inner::Inner;
+use crate::inner::{Conn, Inner, Lane};
 use crate::sql::{now_of, record_of, unavailable, unavailable_because};
 
 /// How many times a claim is run again when a racing writer left its snapshot behind. Each
@@ -72,14 +71,11 @@ impl Inner {
     /// each key's row: acquired or not, the statement's time, and the record.
     async fn claim_rows(
         &self,
-        client: &impl GenericClient,
+        client: &impl Conn,
         reqs: &[(&ClaimRequest, FencingToken)],
         retry: bool,
     ) -> Result<HashMap<(String, String), Result<ClaimRow, StoreError>>, Failed> {
-        let stmt = client
-            .prepare_cached(&self.sql.claim)
-            .await
-            .map_err(|e| unavailable("prepare claim", e))?;
+        use tokio_postgres::types::Type;
         let scopes: Vec<&str> = reqs.iter().map(|(r, _)| r.scope.as_str()).collect();
         let keys: Vec<&str> = reqs.iter().map(|(r, _)| r.key.as_str()).collect();
         let fps: Vec<&[u8]> = reqs
@@ -92,18 +88,20 @@ impl Inner {
         let retention = reqs
             .first()
             .map_or(0, |(r, _)| duration_millis(r.retention));
-        let rows = client
+        let rows = self
             .query(
-                &stmt,
+                client,
+                Lane::Claim,
+                &self.sql.claim,
                 &[
-                    &self.now(),
-                    &scopes,
-                    &keys,
-                    &fps,
-                    &tokens,
-                    &leases,
-                    &retry,
-                    &retention,
+                    (&self.now(), Type::INT8),
+                    (&scopes, Type::TEXT_ARRAY),
+                    (&keys, Type::TEXT_ARRAY),
+                    (&fps, Type::BYTEA_ARRAY),
+                    (&tokens, Type::INT8_ARRAY),
+                    (&leases, Type::INT8_ARRAY),
+                    (&retry, Type::BOOL),
+                    (&retention, Type::INT8),
                 ],
             )
             .await
@@ -178,7 +176,7 @@ impl Inner {
     /// One claim on `client`: the pool's connection, or a service's transaction.
     pub(crate) async fn claim_on(
         &self,
-        client: &impl GenericClient,
+        client: &impl Conn,
         req: &ClaimRequest,
         token: FencingToken,
     ) -> Result<Claim, StoreError> {

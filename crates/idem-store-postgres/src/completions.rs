@@ -8,11 +8,11 @@
 
 use std::collections::HashMap;
 
-use deadpool_postgres::GenericClient;
 use idem_core::{FencingToken, Key, Record, Scope, StoreError, StoredResponse};
+use tokio_postgres::types::Type;
 
 use crate::batch::Job;
-use crate::inner::Inner;
+use crate::inner::{Conn, Inner, Lane};
 use crate::sql::{record_of, unavailable, unavailable_because};
 
 /// A completion waiting for its batch.
@@ -29,19 +29,26 @@ impl Inner {
     /// Runs the complete statement for `items` (distinct keys); returns each key's record.
     async fn complete_rows(
         &self,
-        client: &impl GenericClient,
+        client: &impl Conn,
         items: &[&Completion],
     ) -> Result<HashMap<(String, String), Record>, StoreError> {
-        let stmt = client
-            .prepare_cached(&self.sql.complete)
-            .await
-            .map_err(|e| unavailable("prepare complete", e))?;
         let scopes: Vec<&str> = items.iter().map(|c| c.scope.as_str()).collect();
         let keys: Vec<&str> = items.iter().map(|c| c.key.as_str()).collect();
         let tokens: Vec<i64> = items.iter().map(|c| c.token.as_i64()).collect();
         let responses: Vec<&[u8]> = items.iter().map(|c| c.response.as_slice()).collect();
-        let rows = client
-            .query(&stmt, &[&self.now(), &scopes, &keys, &tokens, &responses])
+        let rows = self
+            .query(
+                client,
+                Lane::AfterCommit,
+                &self.sql.complete,
+                &[
+                    (&self.now(), Type::INT8),
+                    (&scopes, Type::TEXT_ARRAY),
+                    (&keys, Type::TEXT_ARRAY),
+                    (&tokens, Type::INT8_ARRAY),
+                    (&responses, Type::BYTEA_ARRAY),
+                ],
+            )
             .await
             .map_err(|e| unavailable("complete", e))?;
         let mut out = HashMap::with_capacity(rows.len());
@@ -61,28 +68,26 @@ impl Inner {
     /// One completion on `client`.
     pub(crate) async fn complete_on(
         &self,
-        client: &impl GenericClient,
+        client: &impl Conn,
         c: &Completion,
     ) -> Result<Record, StoreError> {
-        let stmt = client
-            .prepare_cached(&self.sql.complete_one)
-            .await
-            .map_err(|e| unavailable("prepare complete", e))?;
-        let row = client
-            .query_opt(
-                &stmt,
+        let rows = self
+            .query(
+                client,
+                Lane::AfterCommit,
+                &self.sql.complete_one,
                 &[
-                    &self.now(),
-                    &c.scope.as_str(),
-                    &c.key.as_str(),
-                    &c.token.as_i64(),
-                    &c.response,
+                    (&self.now(), Type::INT8),
+                    (&c.scope.as_str(), Type::TEXT),
+                    (&c.key.as_str(), Type::TEXT),
+                    (&c.token.as_i64(), Type::INT8),
+                    (&c.response, Type::BYTEA),
                 ],
             )
             .await
             .map_err(|e| unavailable("complete", e))?;
-        match row {
-            Some(row) => record_of(&row)?
+        match rows.first() {
+            Some(row) => record_of(row)?
                 .ok_or_else(|| StoreError::Corrupt("postgres complete returned no record".into())),
             None => Err(self.refusal(client, &c.scope, &c.key, c.token).await),
         }
@@ -141,7 +146,7 @@ impl Inner {
     /// response: that is this completion, not a refusal.
     async fn complete_again(
         &self,
-        client: &impl GenericClient,
+        client: &impl Conn,
         c: &Completion,
     ) -> Result<Record, StoreError> {
         match self.complete_on(client, c).await {

@@ -9,10 +9,12 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use deadpool_postgres::{GenericClient, Manager, ManagerConfig, Object, Pool, RecyclingMethod};
+use deadpool_postgres::{Manager, ManagerConfig, Object, Pool, RecyclingMethod};
 use idem_core::clock::duration_millis;
 use idem_core::{Key, Record, Scope, StoreError, Timestamp};
-use tokio_postgres::NoTls;
+use tokio_postgres::GenericClient as _;
+use tokio_postgres::types::{ToSql, Type};
+use tokio_postgres::{NoTls, Row};
 
 use crate::options::PgOptions;
 use crate::replays::Tally;
@@ -33,37 +35,72 @@ pub(crate) struct Inner {
     clock: Option<Arc<dyn idem_core::Clock>>,
     op_timeout: Duration,
     pub(crate) replays: Tally,
+    /// Behind a transaction pooler: unnamed statements, settings per transaction.
+    pooled: bool,
+    /// What a write of its own opens with behind a pooler, per [`Lane`].
+    begin_claim: String,
+    begin_after_commit: String,
+}
+
+/// A statement's parameters, each with its type: behind a pooler a statement is unnamed and
+/// sent with its types in the same round trip as its execution.
+pub(crate) type Params<'a> = [(&'a (dyn ToSql + Sync), Type)];
+
+/// Which settings a statement needs, which is which pool's: a claim must be durable before
+/// the effect runs; a completion, release, extend, replay count or purge need not wait for
+/// the disk ([design §9](docs/design.md#9-performance-shape)); a read changes nothing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Lane {
+    Read,
+    Claim,
+    AfterCommit,
+}
+
+/// A connection, or a transaction on one: what a statement runs on.
+pub(crate) trait Conn: deadpool_postgres::GenericClient + Sync {
+    /// tokio-postgres's own client, for what deadpool's trait lacks (unnamed statements).
+    type Raw: tokio_postgres::GenericClient + Sync;
+    fn raw(&self) -> &Self::Raw;
+    /// Whether statements already run inside a transaction (the caller's, or an
+    /// operator's resolution): then they take the transaction's settings.
+    fn in_transaction(&self) -> bool;
+}
+
+impl Conn for Object {
+    type Raw = tokio_postgres::Client;
+    fn raw(&self) -> &tokio_postgres::Client {
+        self
+    }
+    fn in_transaction(&self) -> bool {
+        false
+    }
+}
+
+impl<'a> Conn for deadpool_postgres::Transaction<'a> {
+    type Raw = tokio_postgres::Transaction<'a>;
+    fn raw(&self) -> &tokio_postgres::Transaction<'a> {
+        self
+    }
+    fn in_transaction(&self) -> bool {
+        true
+    }
 }
 
 impl Inner {
     /// Opens the two pools (connections are made on first use) and writes the statements
-    /// for `opts.schema`.
-    pub(crate) fn new(opts: PgOptions) -> Result<Self, StoreError> {
-        // The server gives up too, not only the caller: a claim waiting on a row another
-        // transaction holds must not keep its batch (and every key queued behind it) past
-        // the operation timeout. Claims are durable whatever the database's default.
-        let op_ms = duration_millis(opts.op_timeout).max(1);
-        let lock_ms = (op_ms / 2).clamp(1, 2000);
-        let base = opts.config.get_options().unwrap_or_default();
-        let mut claims = opts.config.clone();
-        claims.options(
-            format!(
-                "{base} -c synchronous_commit=on -c lock_timeout={lock_ms} \
-                 -c statement_timeout={op_ms}"
+    /// for `opts.schema`. `pooled`: a pooler stands in between (see [`crate::Pooler`]), so
+    /// the settings go in each transaction rather than in the connections' startup options.
+    pub(crate) fn new(opts: PgOptions, pooled: bool) -> Result<Self, StoreError> {
+        let settings = Settings::of(&opts);
+        let (claims, after_commit) = if pooled {
+            (opts.config.clone(), opts.config.clone())
+        } else {
+            (
+                settings.startup(&opts.config, Lane::Claim),
+                settings.startup(&opts.config, Lane::AfterCommit),
             )
-            .trim_start(),
-        );
+        };
         let pool = new_pool(claims, opts.pool_size, opts.op_timeout)?;
-        // Batches of completions join with key arrays: a plan cached while the table was
-        // small would scan it whole. Claims look keys up one by one and keep their plans.
-        let mut after_commit = opts.config.clone();
-        after_commit.options(
-            format!(
-                "{base} -c synchronous_commit=off -c plan_cache_mode=force_custom_plan \
-                 -c lock_timeout={lock_ms} -c statement_timeout={op_ms}"
-            )
-            .trim_start(),
-        );
         let after_commit = new_pool(after_commit, opts.pool_size.div_ceil(2), opts.op_timeout)?;
         let quoted = format!("\"{}\"", opts.schema);
         Ok(Inner {
@@ -75,7 +112,98 @@ impl Inner {
             clock: opts.clock,
             op_timeout: opts.op_timeout,
             replays: Tally::default(),
+            pooled,
+            begin_claim: settings.begin(Lane::Claim),
+            begin_after_commit: settings.begin(Lane::AfterCommit),
         })
+    }
+
+    /// Whether statements are unnamed and settings per transaction (a pooler in between).
+    pub(crate) fn pooled(&self) -> bool {
+        self.pooled
+    }
+
+    /// The rows of `sql` on `c`. Direct: a prepared statement cached on the connection, the
+    /// settings the connection's own. Behind a pooler: an unnamed statement, parsed where it
+    /// runs, and a write outside a transaction runs in one of its own whose first statement
+    /// sets what `lane` needs (`SET LOCAL`): both are sent at once with the `COMMIT`, so it
+    /// costs no extra round trip.
+    pub(crate) async fn query(
+        &self,
+        c: &impl Conn,
+        lane: Lane,
+        sql: &str,
+        params: &Params<'_>,
+    ) -> Result<Vec<Row>, tokio_postgres::Error> {
+        if !self.pooled {
+            let stmt = prepared(c, sql, params).await?;
+            return c.query(&stmt, &values(params)).await;
+        }
+        let raw = c.raw();
+        self.pooled_write(c, lane, raw.query_typed(sql, params))
+            .await
+    }
+
+    /// Like [`Inner::query`], for a statement whose count of changed rows is its answer.
+    pub(crate) async fn execute(
+        &self,
+        c: &impl Conn,
+        lane: Lane,
+        sql: &str,
+        params: &Params<'_>,
+    ) -> Result<u64, tokio_postgres::Error> {
+        if !self.pooled {
+            let stmt = prepared(c, sql, params).await?;
+            return c.execute(&stmt, &values(params)).await;
+        }
+        let raw = c.raw();
+        self.pooled_write(c, lane, raw.execute_typed(sql, params))
+            .await
+    }
+
+    /// Behind a pooler: `statement` alone inside a transaction (the caller's) or for a read;
+    /// otherwise inside a transaction of its own that sets `lane`'s settings first.
+    async fn pooled_write<T>(
+        &self,
+        c: &impl Conn,
+        lane: Lane,
+        statement: impl Future<Output = Result<T, tokio_postgres::Error>>,
+    ) -> Result<T, tokio_postgres::Error> {
+        if lane == Lane::Read || c.in_transaction() {
+            return statement.await;
+        }
+        let raw = c.raw();
+        let begin = raw.batch_execute(self.begin(lane));
+        let commit = raw.batch_execute("COMMIT");
+        // In order: each sends its messages when first polled, so the three leave together.
+        let (begun, out, committed) = tokio::join!(biased; begin, statement, commit);
+        begun?;
+        let out = out?;
+        // A claim is durable only once this answers; until then it is not acknowledged.
+        committed?;
+        Ok(out)
+    }
+
+    /// Sets `lane`'s settings inside a transaction the store opened itself (an operator's
+    /// resolution): behind a pooler the connection's own are the server's defaults.
+    pub(crate) async fn set_local(
+        &self,
+        tx: &deadpool_postgres::Transaction<'_>,
+        lane: Lane,
+    ) -> Result<(), tokio_postgres::Error> {
+        if !self.pooled {
+            return Ok(());
+        }
+        let begin = self.begin(lane);
+        tx.batch_execute(begin.strip_prefix("BEGIN; ").unwrap_or(begin))
+            .await
+    }
+
+    fn begin(&self, lane: Lane) -> &str {
+        match lane {
+            Lane::AfterCommit => &self.begin_after_commit,
+            Lane::Claim | Lane::Read => &self.begin_claim,
+        }
     }
 
     /// The time parameter: the injected clock's, or NULL for the database's.
@@ -111,20 +239,108 @@ impl Inner {
     /// One key's record and the statement's time, by `sql` (a plain or a locking read).
     pub(crate) async fn read_on(
         &self,
-        client: &impl GenericClient,
+        client: &impl Conn,
         sql: &str,
         scope: &Scope,
         key: &Key,
     ) -> Result<(Timestamp, Option<Record>), StoreError> {
-        let stmt = client
-            .prepare_cached(sql)
-            .await
-            .map_err(|e| unavailable("prepare read", e))?;
-        let row = client
-            .query_one(&stmt, &[&self.now(), &scope.as_str(), &key.as_str()])
+        let rows = self
+            .query(
+                client,
+                Lane::Read,
+                sql,
+                &[
+                    (&self.now(), Type::INT8),
+                    (&scope.as_str(), Type::TEXT),
+                    (&key.as_str(), Type::TEXT),
+                ],
+            )
             .await
             .map_err(|e| unavailable("read", e))?;
-        Ok((now_of(&row)?, record_of(&row)?))
+        let row = rows
+            .first()
+            .ok_or_else(|| unavailable_because("read", "no row"))?;
+        Ok((now_of(row)?, record_of(row)?))
+    }
+}
+
+/// `sql` prepared with its parameters' types, cached on the connection (a direct one).
+async fn prepared(
+    c: &impl Conn,
+    sql: &str,
+    params: &Params<'_>,
+) -> Result<tokio_postgres::Statement, tokio_postgres::Error> {
+    let types: Vec<Type> = params.iter().map(|(_, t)| t.clone()).collect();
+    c.prepare_typed_cached(sql, &types).await
+}
+
+/// The parameters' values alone, for a prepared statement.
+fn values<'a>(params: &Params<'a>) -> Vec<&'a (dyn ToSql + Sync)> {
+    params.iter().map(|(v, _)| *v).collect()
+}
+
+/// The settings every idem connection runs with, whatever the database's or role's
+/// defaults: as startup options on a direct connection, or `SET LOCAL` in each transaction
+/// behind a pooler.
+pub(crate) struct Settings {
+    pub(crate) lock_ms: i64,
+    statement_ms: i64,
+}
+
+impl Settings {
+    pub(crate) fn of(opts: &PgOptions) -> Self {
+        // The server gives up too, not only the caller: a claim waiting on a row another
+        // transaction holds must not keep its batch (and every key queued behind it) past
+        // the operation timeout. The statement bound is twice the caller's: PostgreSQL
+        // answers a commit whose wait for a synchronous standby was cancelled as a success
+        // (with a warning), so the server must never give up on a claim before its caller
+        // has, or the caller could hold a claim no standby has.
+        let op_ms = duration_millis(opts.op_timeout).max(1);
+        Settings {
+            lock_ms: (op_ms / 2).clamp(1, 2000),
+            statement_ms: op_ms.saturating_mul(2),
+        }
+    }
+
+    /// `(name, value)` for `lane`. Claims are durable before the effect runs; the rest need
+    /// not wait for the disk, and plan each execution: batches of completions join with key
+    /// arrays, and a plan cached while the table was small would scan it whole.
+    fn pairs(&self, lane: Lane) -> Vec<(&'static str, String)> {
+        let mut pairs = vec![
+            ("lock_timeout", self.lock_ms.to_string()),
+            ("statement_timeout", self.statement_ms.to_string()),
+        ];
+        match lane {
+            Lane::Claim | Lane::Read => pairs.push(("synchronous_commit", "on".into())),
+            Lane::AfterCommit => {
+                pairs.push(("synchronous_commit", "off".into()));
+                pairs.push(("plan_cache_mode", "force_custom_plan".into()));
+            }
+        }
+        pairs
+    }
+
+    pub(crate) fn startup(
+        &self,
+        config: &tokio_postgres::Config,
+        lane: Lane,
+    ) -> tokio_postgres::Config {
+        let mut options = config.get_options().unwrap_or_default().to_owned();
+        for (name, value) in self.pairs(lane) {
+            options.push_str(&format!(" -c {name}={value}"));
+        }
+        let mut config = config.clone();
+        config.options(options.trim_start());
+        config
+    }
+
+    fn begin(&self, lane: Lane) -> String {
+        let sets: Vec<String> = self
+            .pairs(lane)
+            .iter()
+            .map(|(name, value)| format!("set_config('{name}', '{value}', true)"))
+            .collect();
+        format!("BEGIN; SELECT {}", sets.join(", "))
     }
 }
 

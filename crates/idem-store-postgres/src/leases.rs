@@ -8,8 +8,9 @@ use std::time::Duration;
 
 use idem_core::clock::duration_millis;
 use idem_core::{FencingToken, Key, Scope, StoreError, Timestamp};
+use tokio_postgres::types::Type;
 
-use crate::inner::Inner;
+use crate::inner::{Inner, Lane};
 use crate::sql::unavailable;
 
 impl Inner {
@@ -21,12 +22,17 @@ impl Inner {
     ) -> Result<(), StoreError> {
         self.bounded(async {
             let client = self.after_commit_client().await?;
-            let stmt = client
-                .prepare_cached(&self.sql.release)
-                .await
-                .map_err(|e| unavailable("prepare release", e))?;
-            let n = client
-                .execute(&stmt, &[&scope.as_str(), &key.as_str(), &token.as_i64()])
+            let n = self
+                .execute(
+                    &client,
+                    Lane::AfterCommit,
+                    &self.sql.release,
+                    &[
+                        (&scope.as_str(), Type::TEXT),
+                        (&key.as_str(), Type::TEXT),
+                        (&token.as_i64(), Type::INT8),
+                    ],
+                )
                 .await
                 .map_err(|e| unavailable("release", e))?;
             if n == 1 {
@@ -47,24 +53,22 @@ impl Inner {
     ) -> Result<Timestamp, StoreError> {
         self.bounded(async {
             let client = self.after_commit_client().await?;
-            let stmt = client
-                .prepare_cached(&self.sql.extend)
-                .await
-                .map_err(|e| unavailable("prepare extend", e))?;
-            let row = client
-                .query_opt(
-                    &stmt,
+            let rows = self
+                .query(
+                    &client,
+                    Lane::AfterCommit,
+                    &self.sql.extend,
                     &[
-                        &self.now(),
-                        &scope.as_str(),
-                        &key.as_str(),
-                        &token.as_i64(),
-                        &duration_millis(lease),
+                        (&self.now(), Type::INT8),
+                        (&scope.as_str(), Type::TEXT),
+                        (&key.as_str(), Type::TEXT),
+                        (&token.as_i64(), Type::INT8),
+                        (&duration_millis(lease), Type::INT8),
                     ],
                 )
                 .await
                 .map_err(|e| unavailable("extend", e))?;
-            match row {
+            match rows.first() {
                 Some(row) => row
                     .try_get::<_, i64>(0)
                     .map(Timestamp::from_millis)

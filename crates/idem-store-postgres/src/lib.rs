@@ -23,11 +23,12 @@ mod refusals;
 mod replay_writer;
 mod replays;
 mod schema;
+mod server;
 mod sql;
 mod store;
 mod transactional;
 
-pub use options::{DEFAULT_SCHEMA, PgOptions, PgUrlError};
+pub use options::{DEFAULT_SCHEMA, Durability, PgOptions, PgUrlError, Pooler};
 pub use schema::SCHEMA_VERSION;
 pub use store::PgStore;
 pub use transactional::TxClaim;

@@ -4,8 +4,9 @@
 
 use idem_core::store::list::state_rank;
 use idem_core::{Listing, RecordFilter, StoreError};
+use tokio_postgres::types::Type;
 
-use crate::inner::Inner;
+use crate::inner::{Inner, Lane};
 use crate::sql::{listed_of, now_of, unavailable};
 
 impl Inner {
@@ -18,19 +19,17 @@ impl Inner {
         inner
             .bounded(async {
                 let client = inner.client().await?;
-                let stmt = client
-                    .prepare_cached(&inner.sql.list)
-                    .await
-                    .map_err(|e| unavailable("prepare list", e))?;
-                let rows = client
+                let rows = inner
                     .query(
-                        &stmt,
+                        &client,
+                        Lane::Read,
+                        &inner.sql.list,
                         &[
-                            &inner.now(),
-                            &filter.key_prefix,
-                            &filter.scope_prefix,
-                            &rank,
-                            &fetch,
+                            (&inner.now(), Type::INT8),
+                            (&filter.key_prefix, Type::TEXT),
+                            (&filter.scope_prefix, Type::TEXT),
+                            (&rank, Type::INT4),
+                            (&fetch, Type::INT8),
                         ],
                     )
                     .await

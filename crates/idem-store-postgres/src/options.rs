@@ -25,6 +25,51 @@ pub struct PgOptions {
     /// The bound on any one operation, connection included: past it the store is
     /// unavailable and the request fails closed, rather than hang on a dead server.
     pub op_timeout: Duration,
+    /// Whether a connection pooler (PgBouncer) stands between idem and the server.
+    pub pooler: Pooler,
+    /// What to do with a server that can lose a claim it acknowledged.
+    pub durability: Durability,
+}
+
+/// Whether a connection pooler stands between idem and PostgreSQL, from the URL's
+/// `pooler=` parameter.
+///
+/// A pooler in transaction mode (PgBouncer's `pool_mode = transaction`) hands each
+/// transaction to whichever server connection is free, so nothing may outlive a transaction:
+/// a named prepared statement made in one is missing (or another client's) in the next, and a
+/// session setting leaks to other clients. PgBouncer also refuses the startup parameter
+/// (`options`) that carries idem's settings directly.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Pooler {
+    /// No parameter: connect with the settings as startup options and cached prepared
+    /// statements (the fastest path, one round trip per statement), and switch to
+    /// [`Pooler::Transaction`] by itself when the server refuses startup options (PgBouncer
+    /// says "unsupported startup parameter") or drops them (PgBouncer's
+    /// `ignore_startup_parameters = options`), logging that it did.
+    #[default]
+    Detect,
+    /// `pooler=none`: a direct connection; a server that refuses or drops the settings is an
+    /// error rather than a reason to switch.
+    None,
+    /// `pooler=transaction`: every statement unnamed (parsed and planned where it runs), and
+    /// every write in a transaction that sets its own settings with `SET LOCAL`. Works under
+    /// transaction and session pooling alike, and on a direct connection.
+    Transaction,
+}
+
+/// What [`crate::PgStore::connect`] does with a server that can lose an acknowledged claim
+/// (and so let a retry run the effect again): `durability=required|volatile`, the words the
+/// Redis store uses ([design §6](docs/design.md#6-a-store-failure-fails-closed)).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Durability {
+    /// Refuse it, naming the setting to change: `fsync` off, or a URL that names several
+    /// hosts (it expects a standby to be promoted) or a server with streaming replicas while
+    /// `synchronous_standby_names` is empty (a promoted standby may lack the last claims).
+    #[default]
+    Required,
+    /// `durability=volatile`: the operator accepts that a crash or a failover may lose
+    /// claims; each shortfall is logged as a warning and the store runs.
+    Volatile,
 }
 
 /// The schema used unless the URL names another.
@@ -41,13 +86,33 @@ pub enum PgUrlError {
         "schema {0:?} is not a plain identifier: use 1 to 63 of a-z, 0-9 and _, not starting with a digit or pg_"
     )]
     Schema(String),
+    /// `pooler=` is not one of its values.
+    #[error("pooler={0} is not none or transaction")]
+    Pooler(String),
+    /// `durability=` is neither `required` nor `volatile`.
+    #[error("durability={0} is not required or volatile")]
+    Durability(String),
 }
 
 impl PgOptions {
-    /// Parses `postgres://...`, taking idem's `schema=NAME` query parameter out before
-    /// tokio-postgres reads the rest.
+    /// Parses `postgres://...`, taking idem's `schema=NAME`, `pooler=none|transaction` and
+    /// `durability=required|volatile` query parameters out before tokio-postgres reads the
+    /// rest.
     pub fn from_url(url: &str) -> Result<Self, PgUrlError> {
-        let (rest, schema) = idem_core::store::take_url_param(url, "schema");
+        let (rest, pooler) = idem_core::store::take_url_param(url, "pooler");
+        let pooler = match pooler.as_deref() {
+            None => Pooler::Detect,
+            Some("none") => Pooler::None,
+            Some("transaction") => Pooler::Transaction,
+            Some(other) => return Err(PgUrlError::Pooler(other.to_owned())),
+        };
+        let (rest, durability) = idem_core::store::take_url_param(&rest, "durability");
+        let durability = match durability.as_deref() {
+            None | Some("required") => Durability::Required,
+            Some("volatile") => Durability::Volatile,
+            Some(other) => return Err(PgUrlError::Durability(other.to_owned())),
+        };
+        let (rest, schema) = idem_core::store::take_url_param(&rest, "schema");
         let schema = schema.unwrap_or_else(|| DEFAULT_SCHEMA.to_owned());
         if !is_identifier(&schema) {
             return Err(PgUrlError::Schema(schema));
@@ -65,6 +130,8 @@ impl PgOptions {
             batches_in_flight: 2,
             clock: None,
             op_timeout: Duration::from_secs(10),
+            pooler,
+            durability,
         })
     }
 }
@@ -109,5 +176,34 @@ mod tests {
             PgOptions::from_url("postgres://h/db?nonsense=1"),
             Err(PgUrlError::Config(_))
         ));
+        assert!(matches!(
+            PgOptions::from_url("postgres://h/db?pooler=pgbouncer"),
+            Err(PgUrlError::Pooler(_))
+        ));
+        assert!(matches!(
+            PgOptions::from_url("postgres://h/db?durability=maybe"),
+            Err(PgUrlError::Durability(_))
+        ));
+    }
+
+    #[test]
+    fn pooler_and_durability_come_out_of_the_url() {
+        let o = PgOptions::from_url("postgres://u@h:6432/test?pooler=transaction&schema=s")
+            .expect("parses");
+        assert_eq!(
+            (o.pooler, o.durability),
+            (Pooler::Transaction, Durability::Required)
+        );
+        let o = PgOptions::from_url(
+            "postgres://u@a:5432,b:5433/test?target_session_attrs=read-write&durability=volatile",
+        )
+        .expect("parses");
+        assert_eq!(
+            (o.pooler, o.durability),
+            (Pooler::Detect, Durability::Volatile)
+        );
+        assert_eq!(o.config.get_hosts().len(), 2);
+        let o = PgOptions::from_url("postgres://u@h/test?pooler=none").expect("parses");
+        assert_eq!(o.pooler, Pooler::None);
     }
 }

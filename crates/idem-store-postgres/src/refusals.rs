@@ -4,17 +4,16 @@
 //! matches no row, the record is read back and the state machine says why (gone, another
 //! token, completed); all three report their refusals through here.
 
-use deadpool_postgres::GenericClient;
 use idem_core::{FencingToken, Key, Scope, StoreError, machine};
 
-use crate::inner::Inner;
+use crate::inner::{Conn, Inner};
 
 impl Inner {
     /// Why a fenced statement changed nothing: the record is gone, has another token, or is
     /// completed. Read after the fact; only the token's holder could have changed it since.
     pub(crate) async fn refusal(
         &self,
-        client: &impl GenericClient,
+        client: &impl Conn,
         scope: &Scope,
         key: &Key,
         token: FencingToken,

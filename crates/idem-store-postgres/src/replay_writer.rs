@@ -26,12 +26,19 @@ pub(crate) async fn flush_loop(store: Weak<Inner>) {
         let written = inner
             .bounded(async {
                 let client = inner.after_commit_client().await?;
-                let stmt = client
-                    .prepare_cached(&inner.sql.count_replays)
-                    .await
-                    .map_err(|e| crate::sql::unavailable("prepare", e))?;
-                client
-                    .execute(&stmt, &[&scopes, &keys, &tokens, &counts])
+                use tokio_postgres::types::Type;
+                inner
+                    .execute(
+                        &client,
+                        crate::inner::Lane::AfterCommit,
+                        &inner.sql.count_replays,
+                        &[
+                            (&scopes, Type::TEXT_ARRAY),
+                            (&keys, Type::TEXT_ARRAY),
+                            (&tokens, Type::INT8_ARRAY),
+                            (&counts, Type::INT8_ARRAY),
+                        ],
+                    )
                     .await
                     .map_err(|e| crate::sql::unavailable("count replays", e))
             })

@@ -5,6 +5,7 @@
 //! tables and the others find them.
 
 use idem_core::StoreError;
+use tokio_postgres::types::Type;
 
 use crate::sql::unavailable;
 
@@ -49,9 +50,11 @@ pub(crate) async fn migrate(
         .transaction()
         .await
         .map_err(|e| unavailable("begin migration", e))?;
-    tx.execute(
+    // Unnamed statements only (`*_typed`), here as everywhere: behind a transaction pooler
+    // a named one could meet another client's of the same name on the server connection.
+    tx.execute_typed(
         "SELECT pg_advisory_xact_lock(hashtext('idem schema ' || $1::text))",
-        &[&name],
+        &[(&name, Type::TEXT)],
     )
     .await
     .map_err(|e| unavailable("lock for migration", e))?;
@@ -62,12 +65,13 @@ pub(crate) async fn migrate(
     .await
     .map_err(|e| unavailable("create schema", e))?;
     let found: Option<i32> = tx
-        .query_opt(
+        .query_typed(
             &format!("SELECT max(version) FROM {quoted}.schema_version"),
             &[],
         )
         .await
         .map_err(|e| unavailable("read schema version", e))?
+        .first()
         .and_then(|row| row.get(0));
     match found {
         None => tx

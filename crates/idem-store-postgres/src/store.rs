@@ -23,6 +23,7 @@ use crate::inner::Inner;
 use crate::options::PgOptions;
 use crate::replay_writer;
 use crate::schema;
+use crate::server;
 use crate::sql::{unavailable, unavailable_because};
 
 /// The most requests one batched statement carries.
@@ -33,6 +34,9 @@ const MAX_BATCH: usize = 256;
 pub struct PgStore {
     inner: Arc<Inner>,
     batchers: Arc<Batchers>,
+    /// What can lose an acknowledged claim, read at connect (empty unless
+    /// `durability=volatile` let the store open anyway).
+    warnings: Arc<[String]>,
 }
 
 /// The claim and completion batchers, shared by a store's clones.
@@ -53,9 +57,22 @@ impl fmt::Debug for PgStore {
 impl PgStore {
     /// Connects, creating or checking the schema. Fails if the database cannot be reached
     /// within the operation timeout: a gateway should not start on a store it cannot use.
+    /// Finds out first whether a pooler stands in between ([`crate::Pooler`]), and refuses a
+    /// server that can lose an acknowledged claim (`fsync` off, or a standby that could be
+    /// promoted without the last claims), naming the setting to change, unless the URL says
+    /// `durability=volatile` ([`crate::Durability`]).
     pub async fn connect(opts: PgOptions) -> Result<Self, StoreError> {
         let in_flight = opts.batches_in_flight.max(1);
-        let inner = Arc::new(Inner::new(opts)?);
+        let probe = match tokio::time::timeout(opts.op_timeout, server::probe(&opts)).await {
+            Ok(probe) => probe?,
+            Err(_) => {
+                return Err(unavailable_because(
+                    "connect",
+                    format!("no answer within {:?}", opts.op_timeout),
+                ));
+            }
+        };
+        let inner = Arc::new(Inner::new(opts, probe.pooled)?);
         inner
             .bounded(async {
                 let mut client = inner.client().await?;
@@ -86,13 +103,30 @@ impl PgStore {
             claims,
             completions,
         });
-        Ok(PgStore { inner, batchers })
+        Ok(PgStore {
+            inner,
+            batchers,
+            warnings: probe.warnings.into(),
+        })
+    }
+
+    /// What in the server's configuration can lose a claim it acknowledged (and so run a key
+    /// twice), as read at connect. Empty when all is well; otherwise the store was opened
+    /// with `durability=volatile`, or it would have been refused.
+    pub fn durability_warnings(&self) -> &[String] {
+        &self.warnings
     }
 
     /// Connects to `postgres://...[?schema=NAME]`.
     pub async fn connect_url(url: &str) -> Result<Self, StoreError> {
         let opts = PgOptions::from_url(url).map_err(|e| unavailable("url", e))?;
         Self::connect(opts).await
+    }
+
+    /// Whether the store runs as behind a transaction pooler: unnamed statements, and
+    /// settings per transaction (`pooler=transaction`, or found out at connect).
+    pub fn behind_pooler(&self) -> bool {
+        self.inner.pooled()
     }
 
     /// The schema holding idem's tables.

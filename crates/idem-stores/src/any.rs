@@ -31,15 +31,16 @@ pub enum AnyStore {
 
 impl AnyStore {
     /// What in the server's configuration makes claims less than durable or lets records be
-    /// evicted (and so a key run twice), read when the store connected. Only Redis has such
-    /// settings to read, and a Redis that falls short is refused unless its URL says
-    /// `durability=volatile`; so this is empty for the other stores, when all is well, and
-    /// non-empty only for a Redis opened with that opt-in. `idem migrate` prints these so an
+    /// evicted (and so a key run twice), read when the store connected. Redis and PostgreSQL
+    /// have such settings to read, and a server that falls short is refused unless its URL
+    /// says `durability=volatile`; so this is empty for the other stores, when all is well,
+    /// and non-empty only for a server opened with that opt-in. `idem migrate` prints these so an
     /// operator sees them before any gateway trusts the store.
     pub fn durability_warnings(&self) -> &[String] {
         match self {
             AnyStore::Redis(r) => r.durability_warnings(),
-            AnyStore::Memory(_) | AnyStore::Sqlite(_) | AnyStore::Postgres(_) => &[],
+            AnyStore::Postgres(p) => p.durability_warnings(),
+            AnyStore::Memory(_) | AnyStore::Sqlite(_) => &[],
         }
     }
 

@@ -257,6 +257,14 @@ mod tests {
         assert_eq!(ok(&timed.to_string()), Ok(timed));
         let pg = "postgres://idem:pw@db:5432/app?schema=idem_gw";
         assert_eq!(ok(pg), Ok(StoreUrl::Postgres(pg.into())));
+        let pg = "postgres://idem@db1:5432,db2:5432/app?schema=idem_gw&pooler=transaction\
+                  &durability=volatile&target_session_attrs=read-write";
+        assert_eq!(ok(pg), Ok(StoreUrl::Postgres(pg.into())));
+        assert!(
+            "postgres://db/app?pooler=statement"
+                .parse::<StoreUrl>()
+                .is_err()
+        );
         let redis = "redis://127.0.0.1:6379/1?prefix=gw";
         assert_eq!(ok(redis), Ok(StoreUrl::Redis(redis.into())));
         let cluster = "redis+cluster://10.0.0.1:7000,10.0.0.2:7000/?prefix=gw";
