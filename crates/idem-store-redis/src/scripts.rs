@@ -18,6 +18,7 @@ pub(crate) struct Scripts {
     pub(crate) get: Script,
     pub(crate) resolve: Script,
     pub(crate) purge: Script,
+    pub(crate) held: Script,
 }
 
 impl Scripts {
@@ -30,6 +31,7 @@ impl Scripts {
             get: script(include_str!("lua/get.lua")),
             resolve: script(include_str!("lua/resolve.lua")),
             purge: script(include_str!("lua/purge.lua")),
+            held: script(include_str!("lua/held.lua")),
         }
     }
 }

@@ -217,7 +217,17 @@ impl RedisStore {
     /// On a replicated deployment, waits until a replica holds what this connection wrote to
     /// `record`'s node (`WAIT 1`), within the operation timeout: a failover then cannot lose
     /// it. `Err` when no replica acknowledged in time: the write is on the master only.
-    async fn replicated(&self, record: &str, what: &str) -> Result<(), StoreError> {
+    ///
+    /// On a cluster, the client may have sent the `WAIT` to another node than the write's
+    /// (it retries a command on the slot's new master after a failover, where a `WAIT` over a
+    /// fresh connection counts nothing of ours), so the record is read back from the slot's
+    /// master: still held by `held_by` (and completed, if `completed`), or the write was lost.
+    async fn replicated(
+        &self,
+        record: &str,
+        held_by: Option<(FencingToken, bool)>,
+        what: &str,
+    ) -> Result<(), StoreError> {
         if !self.inner.wait_for_replica {
             return Ok(());
         }
@@ -230,15 +240,29 @@ impl RedisStore {
             con.on_owner_of(record, wait),
         )
         .await?;
-        match acked {
-            Value::Int(n) if n >= 1 => Ok(()),
-            other => Err(unavailable(
+        if !matches!(acked, Value::Int(n) if n >= 1) {
+            return Err(unavailable(
                 "wait for a replica",
                 format!(
-                    "no replica acknowledged the {what} within {:?} ({other:?}): it is on the \
+                    "no replica acknowledged the {what} within {:?} ({acked:?}): it is on the \
                      master only, and a failover now could lose it",
                     self.inner.op_timeout
                 ),
+            ));
+        }
+        let (Connection::Cluster(_), Some((token, completed))) = (&self.con, held_by) else {
+            return Ok(());
+        };
+        let mut inv = self.inner.scripts.held.prepare_invoke();
+        inv.key(record)
+            .arg(self.now_arg())
+            .arg(token.as_i64())
+            .arg(if completed { "1" } else { "0" });
+        match self.run_read(inv).await? {
+            Value::Int(1) => Ok(()),
+            _ => Err(unavailable(
+                "wait for a replica",
+                format!("the {what} was lost in a failover before a replica held it"),
             )),
         }
     }
@@ -318,7 +342,7 @@ impl Store for RedisStore {
             [acquired, _, lease_end, attempt] if reply::int(acquired)? == 1 => {
                 let attempt = u32::try_from(reply::int(attempt)?)
                     .map_err(|_| corrupt("claim returned an attempt out of range"))?;
-                if let Err(e) = self.replicated(&k, "claim").await {
+                if let Err(e) = self.replicated(&k, Some((token, false)), "claim").await {
                     // Nothing ran under it: give the key back rather than leave it in
                     // flight, if the master still answers.
                     let _ = self.release(&req.scope, &req.key, token).await;
@@ -361,7 +385,8 @@ impl Store for RedisStore {
         match status(&items)? {
             "ok" => {
                 let rec = reply::completed(&items[1..], scope, key, token, response)?;
-                self.replicated(&k, "completion").await?;
+                self.replicated(&k, Some((token, true)), "completion")
+                    .await?;
                 Ok(rec)
             }
             other => Err(refusal(other)?),
@@ -479,7 +504,7 @@ impl Store for RedisStore {
         let items = reply::items(self.run(inv).await?)?;
         match status(&items)? {
             "ok" => {
-                self.replicated(&k, "resolution").await?;
+                self.replicated(&k, None, "resolution").await?;
                 items
                     .get(2)
                     .map(reply::record)
