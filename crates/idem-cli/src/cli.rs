@@ -69,7 +69,7 @@ pub(crate) enum Command {
 /// Which record an operator command is about.
 #[derive(Debug, Args)]
 pub(crate) struct TargetArgs {
-    /// The store: sqlite:PATH, memory:, postgres://...[?schema=NAME] or redis://...[?prefix=NAME].
+    /// The store: sqlite:PATH, memory:, postgres://...[?schema=NAME], redis://...[?prefix=NAME] or redis+cluster://HOST:PORT,HOST:PORT/[?prefix=NAME].
     #[arg(long, env = "IDEM_STORE", default_value = DEFAULT_STORE, value_name = "URL", value_parser = StoreUrlParser)]
     pub(crate) store: StoreUrl,
     /// The scope label as stored: `anonymous` for callers without a principal (where they are
@@ -206,7 +206,7 @@ pub(crate) struct ResolveArgs {
 
 #[derive(Debug, Args)]
 pub(crate) struct GcArgs {
-    /// The store: sqlite:PATH, memory:, postgres://...[?schema=NAME] or redis://...[?prefix=NAME].
+    /// The store: sqlite:PATH, memory:, postgres://...[?schema=NAME], redis://...[?prefix=NAME] or redis+cluster://HOST:PORT,HOST:PORT/[?prefix=NAME].
     #[arg(long, env = "IDEM_STORE", default_value = DEFAULT_STORE, value_name = "URL", value_parser = StoreUrlParser)]
     pub(crate) store: StoreUrl,
     /// Records deleted per transaction, so the store is never locked for long.
@@ -216,7 +216,7 @@ pub(crate) struct GcArgs {
 
 #[derive(Debug, Args)]
 pub(crate) struct MigrateArgs {
-    /// The store: sqlite:PATH, memory:, postgres://...[?schema=NAME] or redis://...[?prefix=NAME].
+    /// The store: sqlite:PATH, memory:, postgres://...[?schema=NAME], redis://...[?prefix=NAME] or redis+cluster://HOST:PORT,HOST:PORT/[?prefix=NAME].
     #[arg(long, env = "IDEM_STORE", default_value = DEFAULT_STORE, value_name = "URL", value_parser = StoreUrlParser)]
     pub(crate) store: StoreUrl,
 }
@@ -234,7 +234,7 @@ pub(crate) struct ServeArgs {
     /// system's.
     #[arg(long, env = "IDEM_UPSTREAM_CA", value_name = "FILE")]
     pub(crate) upstream_ca: Option<PathBuf>,
-    /// The store: sqlite:PATH, memory:, postgres://... or redis://... [default: sqlite:idem.db].
+    /// The store: sqlite:PATH, memory:, postgres://..., redis://... or redis+cluster://... [default: sqlite:idem.db].
     #[arg(long, env = "IDEM_STORE", value_name = "URL")]
     pub(crate) store: Option<String>,
     /// TOML configuration file: routes, scope headers, limits, timeouts, admin listener.
@@ -318,7 +318,7 @@ pub(crate) struct DemoArgs {
     /// Seed of the link's losses, so a run repeats.
     #[arg(long, default_value_t = 42)]
     pub(crate) seed: u64,
-    /// The gateway's store: sqlite:PATH, memory:, postgres://... or redis://... [default: a fresh sqlite file in the demo's directory].
+    /// The gateway's store: sqlite:PATH, memory:, postgres://..., redis://... or redis+cluster://... [default: a fresh sqlite file in the demo's directory].
     #[arg(long, value_name = "URL")]
     pub(crate) store: Option<String>,
     /// Keep the payment API's databases (naive.db, keyed.db) and the store in this directory.
@@ -344,7 +344,7 @@ pub(crate) struct ExampleApiArgs {
 // command line is allowed here: IDEM_MCP_UPSTREAM may name it (commands/mcp.rs).
 #[command(group(clap::ArgGroup::new("transport").args(["command", "listen", "upstream_cmd"])))]
 pub(crate) struct McpArgs {
-    /// The store: sqlite:PATH, memory:, postgres://...[?schema=NAME] or redis://...[?prefix=NAME].
+    /// The store: sqlite:PATH, memory:, postgres://...[?schema=NAME], redis://...[?prefix=NAME] or redis+cluster://HOST:PORT,HOST:PORT/[?prefix=NAME].
     #[arg(long, env = "IDEM_STORE", default_value = DEFAULT_STORE, value_name = "URL", value_parser = StoreUrlParser)]
     pub(crate) store: StoreUrl,
     /// TOML file: per-tool class, retention, wait and unknown-outcome policy (docs/mcp.md).

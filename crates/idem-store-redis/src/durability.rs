@@ -58,19 +58,46 @@ pub(crate) async fn assess(con: &mut Connection, server: &Server, timeout: Durat
         let mut info = redis::cmd("INFO");
         info.arg("replication");
         let replication = con.on_every_node(info).await?;
+        // The cluster client may answer from replicas too, once it knows them: each node
+        // once, a replica labelled as such.
+        let infos: Vec<(String, String)> = replication
+            .into_iter()
+            .map(|(node, answer)| {
+                (
+                    node,
+                    redis::from_redis_value::<String>(answer).unwrap_or_default(),
+                )
+            })
+            .collect();
+        let is_replica = |node: &str| {
+            infos
+                .iter()
+                .any(|(n, info)| n == node && info.lines().any(|l| l.trim() == "role:slave"))
+        };
+        let label = |node: String| {
+            if is_replica(&node) {
+                format!("{node} (a replica)")
+            } else {
+                node
+            }
+        };
+        let mut seen: Vec<String> = masters.iter().map(|(node, _)| node.clone()).collect();
         let mut nodes: Vec<(String, Result<Settings, String>)> = masters
             .into_iter()
-            .map(|(node, answer)| (node, parse_settings(answer)))
+            .map(|(node, answer)| (label(node), parse_settings(answer)))
             .collect();
         let mut replicated = false;
-        for (_, answer) in replication {
-            let text = redis::from_redis_value::<String>(answer).unwrap_or_default();
-            let replicas = replicas(&text);
+        for (_, text) in &infos {
+            let replicas = replicas(text);
             replicated |= !replicas.is_empty();
             for (host, port) in replicas {
-                let node = format!("{host}:{port} (a replica)");
+                let addr = format!("{host}:{port}");
+                if seen.contains(&addr) {
+                    continue;
+                }
                 let settings = replica_settings(server, &host, port).await;
-                nodes.push((node, settings));
+                nodes.push((format!("{addr} (a replica)"), settings));
+                seen.push(addr);
             }
         }
         Ok::<_, redis::RedisError>((nodes, replicated))

@@ -240,15 +240,27 @@ impl RedisStore {
             con.on_owner_of(record, wait),
         )
         .await?;
-        if !matches!(acked, Value::Int(n) if n >= 1) {
-            return Err(unavailable(
-                "wait for a replica",
-                format!(
-                    "no replica acknowledged the {what} within {:?} ({acked:?}): it is on the \
-                     master only, and a failover now could lose it",
-                    self.inner.op_timeout
-                ),
-            ));
+        match acked {
+            Value::Int(n) if n >= 1 => {}
+            Value::Int(_) => {
+                return Err(unavailable(
+                    "wait for a replica",
+                    format!(
+                        "no replica acknowledged the {what} within {:?}: it is on the master \
+                         only, and a failover now could lose it (a master whose replica was \
+                         promoted away has none until one rejoins)",
+                        self.inner.op_timeout
+                    ),
+                ));
+            }
+            other => {
+                return Err(unavailable(
+                    "wait for a replica",
+                    format!(
+                        "the {what}'s node answered WAIT with {other:?} (a failover under way?)"
+                    ),
+                ));
+            }
         }
         let (Connection::Cluster(_), Some((token, completed))) = (&self.con, held_by) else {
             return Ok(());
@@ -297,7 +309,8 @@ fn volatile_refusal(shortfalls: &[String]) -> StoreError {
     StoreError::Unavailable(
         format!(
             "redis: refused: this server can lose claims it acknowledged: {}. Change the \
-             server's settings, or add durability=volatile to the store URL (redis://HOST:PORT/?durability=volatile) \
+             server's settings, or add durability=volatile to the store URL's parameters \
+             (?durability=volatile, or &durability=volatile after others such as ?prefix=idem) \
              to accept that a crash or an eviction may run a request twice",
             shortfalls.join("; ")
         )
