@@ -14,6 +14,7 @@ Run: cd clients/python/tests && python -m unittest test_llamaindex (IDEM_BIN for
 import asyncio
 import threading
 import unittest
+import uuid
 
 import cli_support
 from agent_effects import Payments, run_example
@@ -128,7 +129,9 @@ class LlamaIndexTest(unittest.IsolatedAsyncioTestCase):
     async def test_a_lost_answer_asked_again_by_the_model_charges_once(self):
         import idem_runtime
 
-        final, results, llm = await self.run_agent([loses_the_first_answer(self.idem())], run_id="run-7")
+        # A run id of its own: LlamaIndex keeps every run id its process has started.
+        run_id = f"run-{uuid.uuid4().hex}"
+        final, results, llm = await self.run_agent([loses_the_first_answer(self.idem())], run_id=run_id)
         self.assertEqual(self.pay.rows(), 1, "one charge, however many calls")
         self.assertEqual(final, "charged")
         self.assertEqual([r.tool_id for r in results], ["call-1", "call-2"])
@@ -137,14 +140,14 @@ class LlamaIndexTest(unittest.IsolatedAsyncioTestCase):
         self.assertFalse(second.is_error)
         self.assertIn("ch_1", second.content)
         self.assertEqual(second.raw_output, {"charge": "ch_1", "amount_cents": 4900})
-        key = idem_runtime.derive_key("run-7", "charge_card", ARGS)
+        key = idem_runtime.derive_key(run_id, "charge_card", ARGS)
         self.assertEqual(second.raw_input["idem"], {"key": key, "replayed": True})
         self.assertIn("ch_1", llm.seen[-1])
         # The scope is the workflow run's id; idem inspect (the CLI) finds the record.
         self.assertIn("completed", self.pay.inspect(key))
 
     async def test_without_idem_the_same_retry_charges_twice(self):
-        await self.run_agent([loses_the_first_answer(self.plain)], run_id="run-7")
+        await self.run_agent([loses_the_first_answer(self.plain)], run_id=f"run-{uuid.uuid4().hex}")
         self.assertEqual(self.pay.rows(), 2)
 
     async def test_the_same_charge_twice_in_one_model_turn_runs_once(self):
