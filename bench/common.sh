@@ -42,8 +42,9 @@ NGINX
 
 # Writes into WORK what the gateway and the load generator share: idem.toml (one route that
 # requires a key; wrk sends no credentials, so anonymous callers are allowed), and two wrk
-# scripts posting the same charge body: new.lua with a fresh Idempotency-Key per request,
-# same.lua with one key throughout (replays, once the first has run). Sets BODY.
+# scripts posting the same charge body to the URL's path: new.lua with a fresh Idempotency-Key
+# per request, same.lua with one key throughout (replays, once the first has run); both keys
+# start with $KEY_PREFIX when set (a peer that keeps keys as given, in a shared Redis). Sets BODY.
 write_load() { # WORK
   cat > "$1/idem.toml" <<TOML
 anonymous = "allow"   # wrk sends no credentials
@@ -57,10 +58,10 @@ TOML
 local n = 0
 function setup(thread) n = n + 1; thread:set("tid", n) end
 local counter = 0
-local run = tostring(os.time()) .. "-" .. tostring(math.random(1000000))
+local run = (os.getenv("KEY_PREFIX") or "") .. tostring(os.time()) .. "-" .. tostring(math.random(1000000))
 request = function()
   counter = counter + 1
-  return wrk.format("POST", "/v1/charges",
+  return wrk.format("POST", wrk.path,
     {["Idempotency-Key"] = run .. "-" .. tid .. "-" .. counter, ["Content-Type"] = "application/json"},
     '$BODY')
 end
@@ -69,6 +70,6 @@ LUA
 wrk.method = "POST"
 wrk.body = '$BODY'
 wrk.headers["Content-Type"] = "application/json"
-wrk.headers["Idempotency-Key"] = "bench-replay"
+wrk.headers["Idempotency-Key"] = (os.getenv("KEY_PREFIX") or "") .. "bench-replay"
 LUA
 }

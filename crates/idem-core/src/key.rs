@@ -11,13 +11,16 @@
 //! guessing.
 
 use std::fmt;
+use std::sync::Arc;
 
 /// Longest key accepted, in bytes ([design §1](docs/design.md#1-words)).
 pub const MAX_KEY_LEN: usize = 255;
 
-/// A validated idempotency key.
+/// A validated idempotency key. Shared, not copied: a request's key is cloned into the store's
+/// map, its expiry index, the cache and the trace, so a clone is a reference count, not an
+/// allocation.
 #[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct Key(String);
+pub struct Key(Arc<str>);
 
 /// Why a key was refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -84,7 +87,7 @@ impl Key {
         {
             return Err(KeyError::InvalidByte { position, byte });
         }
-        Ok(Key(value))
+        Ok(Key(value.into()))
     }
 
     /// Parses an `Idempotency-Key` header value: an RFC 8941 sf-string or a bare value, with
@@ -119,8 +122,7 @@ impl Key {
                 });
             }
             // Checked above: every byte is ASCII, so this cannot fail.
-            let text = String::from_utf8_lossy(trimmed).into_owned();
-            Ok(Key(text))
+            Ok(Key(String::from_utf8_lossy(trimmed).into()))
         }
     }
 
@@ -174,7 +176,7 @@ fn parse_sf_string(value: &[u8], open: usize) -> Result<Key, KeyError> {
         });
     }
     check_len(out.len())?;
-    Ok(Key(String::from_utf8_lossy(&out).into_owned()))
+    Ok(Key(String::from_utf8_lossy(&out).into()))
 }
 
 fn check_len(len: usize) -> Result<(), KeyError> {
@@ -229,14 +231,23 @@ mod tests {
     #[test]
     fn bare_values_are_accepted() {
         let uuid = "8e03978e-40d5-43e8-bc93-6894a57f9324";
-        assert_eq!(header(uuid).map(|k| k.0), Ok(uuid.to_string()));
-        assert_eq!(header("  abc\t").map(|k| k.0), Ok("abc".to_string()));
+        assert_eq!(header(uuid).map(|k| k.0.to_string()), Ok(uuid.to_string()));
+        assert_eq!(
+            header("  abc\t").map(|k| k.0.to_string()),
+            Ok("abc".to_string())
+        );
     }
 
     #[test]
     fn sf_strings_are_unquoted_and_unescaped() {
-        assert_eq!(header(r#""abc""#).map(|k| k.0), Ok("abc".into()));
-        assert_eq!(header(r#" "a\"b\\c" "#).map(|k| k.0), Ok(r#"a"b\c"#.into()));
+        assert_eq!(
+            header(r#""abc""#).map(|k| k.0.to_string()),
+            Ok("abc".to_string())
+        );
+        assert_eq!(
+            header(r#" "a\"b\\c" "#).map(|k| k.0.to_string()),
+            Ok(r#"a"b\c"#.to_string())
+        );
     }
 
     #[test]
@@ -306,14 +317,17 @@ mod tests {
     fn a_bare_comma_is_two_keys_and_a_quoted_one_is_a_character() {
         assert_eq!(header("a,b"), Err(KeyError::Comma { position: 1 }));
         assert_eq!(header(" k-1,k-2"), Err(KeyError::Comma { position: 4 }));
-        assert_eq!(header(r#""a,b""#).map(|k| k.0), Ok("a,b".into()));
+        assert_eq!(
+            header(r#""a,b""#).map(|k| k.0.to_string()),
+            Ok("a,b".to_string())
+        );
         assert!(matches!(
             header(r#""a", "b""#),
             Err(KeyError::TrailingCharacters { .. })
         ));
         assert_eq!(
-            Key::new("a,b").map(|k| k.0),
-            Ok("a,b".into()),
+            Key::new("a,b").map(|k| k.0.to_string()),
+            Ok("a,b".to_string()),
             "given directly"
         );
     }

@@ -6,11 +6,9 @@
 //! Every transition is decided by [`crate::machine`] while the shard's lock is held, which is
 //! what makes `claim` atomic here.
 
-use std::collections::hash_map::DefaultHasher;
 use std::collections::hash_map::Entry;
 use std::collections::{BTreeSet, HashMap};
 use std::fmt;
-use std::hash::{Hash, Hasher};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -27,9 +25,13 @@ const SHARDS: usize = 32;
 
 type Id = (Scope, Key);
 
+/// The maps' hasher: keyed at random per process, as std's is (a client chooses the keys), at
+/// a fraction of SipHash's cost on a scope and a key.
+type Hashing = ahash::RandomState;
+
 #[derive(Default)]
 struct Shard {
-    records: HashMap<Id, Record>,
+    records: HashMap<Id, Record, Hashing>,
     /// (expires_at, id) for every record, kept in step with `records`.
     by_expiry: BTreeSet<(Timestamp, Id)>,
 }
@@ -66,6 +68,8 @@ impl Shard {
 #[derive(Clone)]
 pub struct MemoryStore {
     shards: Arc<[Mutex<Shard>]>,
+    /// Picks a record's shard; seeded apart from the shards' own maps.
+    spread: Hashing,
     clock: Arc<dyn Clock>,
 }
 
@@ -94,15 +98,13 @@ impl MemoryStore {
         let shards: Vec<Mutex<Shard>> = (0..SHARDS).map(|_| Mutex::default()).collect();
         MemoryStore {
             shards: shards.into(),
+            spread: Hashing::new(),
             clock,
         }
     }
 
     fn shard(&self, scope: &Scope, key: &Key) -> MutexGuard<'_, Shard> {
-        let mut h = DefaultHasher::new();
-        scope.hash(&mut h);
-        key.hash(&mut h);
-        let i = (h.finish() as usize) % self.shards.len();
+        let i = (self.spread.hash_one((scope, key)) as usize) % self.shards.len();
         // A panic while holding a shard cannot leave a record half-written: every write is
         // one map insert or remove after the decision was made. So a poisoned lock is usable.
         self.shards[i].lock().unwrap_or_else(|p| p.into_inner())

@@ -10,6 +10,7 @@
 //! [§4](docs/design.md#4-which-results-are-kept)).
 
 use std::fmt;
+use std::sync::Arc;
 
 use http::{HeaderMap, HeaderName, header};
 use serde::Deserialize;
@@ -21,9 +22,9 @@ pub const MAX_SCOPE_LEN: usize = 128;
 /// The label of the anonymous scope: requests that carry no principal.
 pub const ANONYMOUS: &str = "anonymous";
 
-/// A validated scope label.
+/// A validated scope label, shared rather than copied (as [`crate::Key`] is).
 #[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct Scope(String);
+pub struct Scope(Arc<str>);
 
 /// Why a scope label was refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -68,12 +69,15 @@ impl Scope {
         {
             return Err(ScopeError::InvalidByte { position, byte });
         }
-        Ok(Scope(label))
+        Ok(Scope(label.into()))
     }
 
-    /// The scope of callers without a principal.
+    /// The scope of callers without a principal: one shared label, so asking for it on every
+    /// anonymous request allocates nothing.
     pub fn anonymous() -> Self {
-        Scope(ANONYMOUS.to_owned())
+        static SHARED: std::sync::LazyLock<Scope> =
+            std::sync::LazyLock::new(|| Scope(ANONYMOUS.into()));
+        SHARED.clone()
     }
 
     /// The scope of a principal: `p:` and the hex SHA-256 of its parts, each length-prefixed so
@@ -85,7 +89,7 @@ impl Scope {
             hasher.update((part.len() as u64).to_be_bytes());
             hasher.update(part);
         }
-        Scope(format!("p:{}", hex::encode(hasher.finalize())))
+        Scope(format!("p:{}", hex::encode(hasher.finalize())).into())
     }
 
     /// The scope of a request named by its headers: the hash of the values of `names` (each

@@ -45,8 +45,9 @@ pub struct Proxy<C = UpstreamConnector> {
     body_read: Duration,
     /// Whether `[upstream] ca_file` (or `--upstream-ca`) was given.
     has_ca_file: bool,
-    /// How the gateway's own refusals are written: as the layer writes its own.
-    problems: ProblemFormat,
+    /// How the gateway's own refusals are written: as the layer writes its own. Shared: the
+    /// proxy is cloned for every request it forwards.
+    problems: Arc<ProblemFormat>,
 }
 
 /// Hop-by-hop headers (RFC 9110 §7.6.1), never forwarded in either direction.
@@ -214,7 +215,7 @@ impl<C: Connect + Clone + Send + Sync + 'static> Proxy<C> {
             timeout,
             body_read: settings.body_read_timeout,
             has_ca_file: settings.upstream_ca_file.is_some(),
-            problems: settings.layer.problems.clone(),
+            problems: Arc::new(settings.layer.problems.clone()),
         }
     }
 

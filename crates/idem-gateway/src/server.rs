@@ -356,17 +356,21 @@ pub(crate) fn serve_connection<I, S, B>(
     });
 }
 
-/// Runs each request in a task of its own, so a client that hangs up does not cancel an
-/// execution already under way: the upstream's answer is still stored and a retry with the
-/// same key replays it, instead of finding the record abandoned. Each request is told the
-/// client's address ([`ClientAddr`]).
+/// Runs each request so that a client that hangs up does not cancel an execution already
+/// under way: the upstream's answer is still stored and a retry with the same key replays it,
+/// instead of finding the record abandoned ([design §5](docs/design.md#5-crashes-and-cancellation)).
+/// A request runs in its connection's task, and moves to a task of its own only when that
+/// connection drops it unfinished ([`Inline`]): most requests finish where they started, with
+/// no task to spawn, no wake-up across tasks and no hand-back of the answer. Each request is
+/// told the client's address ([`ClientAddr`]).
 #[derive(Clone)]
 struct Detached<S> {
     service: S,
     peer: SocketAddr,
-    /// Every request's task, so that a shutdown waits for executions whose clients hung up:
-    /// their connections are closed, so waiting for connections alone would drop them with
-    /// their results unstored, and their keys would read as outcome unknown.
+    /// Every request that had to move to a task of its own, so that a shutdown waits for
+    /// executions whose clients hung up: their connections are closed, so waiting for
+    /// connections alone would drop them with their results unstored, and their keys would
+    /// read as outcome unknown.
     tasks: TaskTracker,
 }
 
@@ -381,8 +385,7 @@ where
 {
     type Response = http::Response<idem_http::Body>;
     type Error = std::convert::Infallible;
-    type Future =
-        std::pin::Pin<Box<dyn Future<Output = Result<Self::Response, Self::Error>> + Send>>;
+    type Future = Inline;
 
     fn poll_ready(
         &mut self,
@@ -393,19 +396,69 @@ where
 
     fn call(&mut self, mut req: http::Request<B>) -> Self::Future {
         req.extensions_mut().insert(ClientAddr(self.peer));
-        let task = self.tasks.spawn(self.service.call(req));
-        Box::pin(async move {
-            match task.await {
-                Ok(answer) => answer,
-                Err(e) => {
-                    // A panic in the layer or the proxy: the record is left to become abandoned.
-                    tracing::error!(error = %e, "request task failed");
-                    let mut resp = http::Response::new(idem_http::Body::default());
-                    *resp.status_mut() = http::StatusCode::INTERNAL_SERVER_ERROR;
-                    Ok(resp)
-                }
+        Inline {
+            run: Some(Box::pin(self.service.call(req))),
+            tasks: self.tasks.clone(),
+        }
+    }
+}
+
+/// A request's execution, polled in its connection's task. Dropped before it finished (the
+/// client hung up, so hyper dropped the request), it is handed whole to a task of its own on
+/// the same thread, tracked by `tasks`, where it runs to its end and its result is stored.
+/// A panic in the layer or the proxy answers 500, as a task's would; the record is left to
+/// become abandoned.
+struct Inline {
+    run: Option<Execution>,
+    tasks: TaskTracker,
+}
+
+/// What the layer answers a request with.
+type Answered = Result<http::Response<idem_http::Body>, std::convert::Infallible>;
+
+/// A request's execution under way.
+type Execution = std::pin::Pin<Box<dyn Future<Output = Answered> + Send>>;
+
+impl Future for Inline {
+    type Output = Answered;
+
+    fn poll(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Self::Output> {
+        let Some(run) = self.run.as_mut() else {
+            return std::task::Poll::Pending;
+        };
+        let polled =
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| run.as_mut().poll(cx)));
+        let answer = match polled {
+            Ok(std::task::Poll::Pending) => return std::task::Poll::Pending,
+            Ok(std::task::Poll::Ready(answer)) => answer,
+            Err(_) => {
+                tracing::error!("a request panicked");
+                let mut resp = http::Response::new(idem_http::Body::default());
+                *resp.status_mut() = http::StatusCode::INTERNAL_SERVER_ERROR;
+                Ok(resp)
             }
-        })
+        };
+        // Finished (or panicked, which leaves it unusable): nothing to hand on when dropped.
+        self.run = None;
+        std::task::Poll::Ready(answer)
+    }
+}
+
+impl Drop for Inline {
+    fn drop(&mut self) {
+        let Some(run) = self.run.take() else {
+            return;
+        };
+        // Outside a runtime (the runtime itself is being dropped, after the drain's
+        // deadline) there is nowhere left to run it.
+        if tokio::runtime::Handle::try_current().is_ok() {
+            self.tasks.spawn(async move {
+                let _ = run.await;
+            });
+        }
     }
 }
 

@@ -7,7 +7,8 @@
 //! `idem serve` with the memory store, that cost a third of the gateway's CPU per new key
 //! (docs/benchmarks.md, "Issue 16, third pass"). Here a connection is handed to one thread
 //! when it is accepted and every task it spawns stays there: the connection, the request's
-//! detached execution, its lease heartbeat, and the upstream connection it borrows from that
+//! execution (detached into a task of its own only when its client hangs up), its lease
+//! heartbeat, and the upstream connection it borrows from that
 //! thread's pool. The store's records, the completed-record cache and the connection cap are
 //! shared; a store whose connection a task drives gives each thread a connection of its own
 //! (`Store::for_this_runtime`, opened by the thread's preparation in `server.rs`).
@@ -217,7 +218,7 @@ impl Threads {
     }
 
     /// Stops handing out connections, lets every thread drain at once, waits for `detached`
-    /// (the requests' own tasks, which outlive a client that hung up) within the same
+    /// (the executions whose clients hung up, moved to tasks of their own) within the same
     /// shutdown timeout, then stops and joins the threads. `false` if some requests were
     /// still under way when the timeout ran out (or a thread could not say).
     pub(crate) async fn drain(self, detached: &TaskTracker) -> bool {

@@ -72,7 +72,7 @@ impl Keyed {
     /// Whether the caller named no one and shares the `anonymous` scope, where per-caller
     /// headers are never stored or replayed ([design §4](docs/design.md#4-which-results-are-kept)).
     pub fn anonymous(&self) -> bool {
-        self.scope == Scope::anonymous()
+        self.scope.as_str() == idem_core::scope::ANONYMOUS
     }
 }
 

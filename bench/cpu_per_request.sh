@@ -1,0 +1,210 @@
+#!/usr/bin/env bash
+# CPU per request, every proxy beside nginx in one run (issue 33's table).
+#
+# On these shared 2-core machines a rate moves with the machine (nginx alone has moved from
+# 35,000 to 50,000 requests/s between runs minutes apart); the CPU a process spends per
+# request it completes does not move that way. So each row is measured as: user + system CPU
+# of the measured process (all its threads, from /proc/PID/stat) over the run, divided by the
+# requests wrk completed, and compared with the same figure for nginx as a plain reverse proxy
+# measured in the same run. Requests/s and p99 stay beside it, for reference only.
+#
+# Every proxy runs in its own process against one upstream: a separate nginx answering 201
+# with a small JSON body. The rows:
+#   nginx reverse proxy (1 worker, keep-alive upstream)        the baseline, 1.00
+#   idem serve on memory, SQLite, Redis, PostgreSQL: new keys and replays
+#   idempotent-proxy (ldclabs) on memory and on Redis, when PEER_BIN names its server binary
+# For Redis and PostgreSQL the store server's own CPU per request is given beside the
+# gateway's (redis-server's process; every postgres process of the cluster), and for every idem
+# row the split by thread (tokio's workers summed under one name).
+#
+#   bash bench/cpu_per_request.sh [DURATION_SECONDS=5] [ROWS="nginx memory sqlite redis postgres peer"]
+#   IDEM_BIN=/path/to/idem bash bench/cpu_per_request.sh ...     # another build's binary
+#   PEER_BIN=/path/to/idempotent-proxy-server bash bench/cpu_per_request.sh ...
+#
+# Needs wrk and nginx (Debian: apt-get install wrk nginx), and for those rows PostgreSQL
+# (127.0.0.1:5432, trust, database test) and Redis (127.0.0.1:6379). The PostgreSQL schema
+# and the Redis keys it writes are deleted at exit. The peer is built from its source in a
+# scratch directory (github.com/ldclabs/idempotent-proxy, `cargo build --release -p
+# idempotent-proxy-server`); it is never part of this repository.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+DURATION=${1:-5}
+ROWS=${2:-nginx memory sqlite redis postgres peer}
+CONNS=64
+WORK=$(mktemp -d)
+PG=postgres://postgres@127.0.0.1:5432/test
+SCHEMA=idem_bench_cpu
+PREFIX=idem-bench-cpu
+PEER_PREFIX=idem-bench-peer
+UPSTREAM=18301
+cleanup() {
+  kill $(jobs -p) 2>/dev/null || true
+  nginx -p "$WORK/upstream" -c nginx.conf -s stop 2>/dev/null || true
+  nginx -p "$WORK/proxy" -c nginx.conf -s stop 2>/dev/null || true
+  psql -q "$PG" -c "DROP SCHEMA IF EXISTS $SCHEMA CASCADE" 2>/dev/null || true
+  for p in "$PREFIX" "$PEER_PREFIX"; do
+    redis-cli --scan --pattern "*$p*" 2>/dev/null | xargs -r -n 1000 redis-cli del >/dev/null 2>&1 || true
+  done
+  [ -n "${KEEP:-}" ] || rm -rf "$WORK"
+}
+trap cleanup EXIT
+
+# shellcheck source=bench/common.sh
+. bench/common.sh
+idem_binary
+write_load "$WORK"
+
+# Starts one nginx with one worker, its files in WORK/NAME, serving SERVER (the body of its one
+# `server` block) beside the `http`-level lines given in EXTRA.
+start_one_nginx() { # NAME SERVER [EXTRA]
+  local dir="$WORK/$1"
+  mkdir -p "$dir/logs"
+  cat >"$dir/nginx.conf" <<NGINX
+worker_processes 1;
+pid $dir/nginx.pid;
+error_log $dir/logs/error.log warn;
+events { worker_connections 4096; }
+http {
+  access_log off;
+  client_body_temp_path $dir/body;
+  proxy_temp_path $dir/proxy;
+  ${3:-}
+  server { keepalive_requests 1000000; $2 }
+}
+NGINX
+  nginx -p "$dir" -c nginx.conf
+}
+# The upstream and the plain proxy are two nginx instances, so the proxy's worker is measured
+# alone.
+start_one_nginx upstream "listen 127.0.0.1:$UPSTREAM;
+    location / { default_type application/json; return 201 '{\"charge_id\":\"ch_1\",\"amount_cents\":4900}'; }"
+start_one_nginx proxy 'listen 127.0.0.1:18302;
+    location / { proxy_pass http://app; proxy_http_version 1.1; proxy_set_header Connection ""; }' \
+  "upstream app { server 127.0.0.1:$UPSTREAM; keepalive 128; keepalive_requests 1000000; }"
+sleep 0.5
+
+TICK=$(getconf CLK_TCK)
+# CPU ticks (user + system) of some processes, all their threads, summed.
+ticks() { # PID...
+  local t=0 p
+  for p in "$@"; do
+    if [ -r "/proc/$p/stat" ]; then t=$((t + $(awk '{print $14 + $15}' "/proc/$p/stat" 2>/dev/null || echo 0))); fi
+  done
+  echo "$t"
+}
+# One line per thread of PID: name and CPU ticks.
+threads() { # PID
+  for t in /proc/"$1"/task/*; do
+    echo "$(tr ' ' _ <"$t/comm") $(awk '{print $14 + $15}' "$t/stat")"
+  done | sort
+}
+postgres_pids() { pgrep -u postgres -d ' ' postgres || true; }
+redis_pid() { redis-cli info server 2>/dev/null | tr -d '\r' | awk -F: '$1 == "process_id" {print $2}'; }
+
+wait_port() { # PORT
+  for _ in $(seq 100); do
+    if curl -s -o /dev/null "http://127.0.0.1:$1/"; then return 0; fi
+    sleep 0.1
+  done
+  echo "nothing listens on $1" >&2
+  exit 1
+}
+
+NGINX_CPU=
+# Runs wrk against PORT with SCRIPT and prints the row. PIDS are the measured process's;
+# SERVER_PIDS a function printing the store server's PIDs (or empty); THREADS_OF a PID whose
+# threads are split (or empty).
+row() { # LABEL PORT SCRIPT PATH "PIDS" SERVER_PIDS THREADS_OF
+  local label=$1 port=$2 script=$3 path=$4 pids=$5 server=$6 split_of=$7
+  local c0 c1 s0=0 s1=0 spids="" out n rps p99 non2xx cpu ratio scpu="" split=""
+  [ -n "$server" ] && spids=$($server)
+  c0=$(ticks $pids)
+  [ -n "$spids" ] && s0=$(ticks $spids)
+  [ -n "$split_of" ] && threads "$split_of" >"$WORK/before"
+  out=$(wrk -t2 -c$CONNS -d"${DURATION}s" --latency -s "$WORK/$script" "http://127.0.0.1:$port$path")
+  c1=$(ticks $pids)
+  [ -n "$spids" ] && s1=$(ticks $spids)
+  n=$(awk '/requests in/ {print $1}' <<<"$out")
+  rps=$(awk '/Requests\/sec/ {printf "%d", $2}' <<<"$out")
+  p99=$(awk '$1=="99%" {print $2}' <<<"$out")
+  non2xx=$(awk '/Non-2xx/ {print $5}' <<<"$out")
+  cpu=$(awk -v c=$((c1 - c0)) -v n="$n" -v t="$TICK" 'BEGIN {printf "%.1f", c / t * 1e6 / n}')
+  if [ -z "$NGINX_CPU" ]; then NGINX_CPU=$cpu; fi
+  ratio=$(awk -v a="$cpu" -v b="$NGINX_CPU" 'BEGIN {printf "%.2f", a / b}')
+  [ -n "$spids" ] && scpu=$(awk -v c=$((s1 - s0)) -v n="$n" -v t="$TICK" 'BEGIN {printf "%.1f", c / t * 1e6 / n}')
+  if [ -n "$split_of" ]; then
+    threads "$split_of" >"$WORK/after"
+    split=$(join -a 2 -e 0 -o 0,1.2,2.2 <(awk '{a[$1] += $2} END {for (k in a) print k, a[k]}' "$WORK/before" | sort) \
+      <(awk '{a[$1] += $2} END {for (k in a) print k, a[k]}' "$WORK/after" | sort) |
+      awk -v n="$n" -v t="$TICK" '$3 > $2 {printf "%s %.1f; ", $1, ($3 - $2) / t * 1e6 / n}')
+  fi
+  printf '| %s | %s | %s | %s | **%s** | %s | %s |\n' "$label" "$rps" "$p99" "${non2xx:-0}" "$cpu" "$ratio" "${scpu:-}${split:+ ($split)}"
+}
+
+# Starts `idem serve` on PORT with STORE; sets GW.
+start_idem() { # PORT STORE
+  IDEM_LOG=error $IDEM serve --listen "127.0.0.1:$1" --admin-listen "127.0.0.1:$(($1 + 100))" \
+    --upstream "http://127.0.0.1:$UPSTREAM" --store "$2" --config "$WORK/idem.toml" >/dev/null &
+  GW=$!
+  wait_port "$1"
+  curl -s -o /dev/null -X POST "http://127.0.0.1:$1/v1/charges" -H 'Idempotency-Key: bench-replay' \
+    -H 'Content-Type: application/json' -d "$BODY"
+}
+stop() { kill "$1" 2>/dev/null || true; wait "$1" 2>/dev/null || true; }
+
+idem_rows() { # NAME PORT STORE SERVER_PIDS
+  start_idem "$2" "$3"
+  row "idem serve, $1, new keys" "$2" new.lua /v1/charges "$GW" "$4" "$GW"
+  row "idem serve, $1, replays" "$2" same.lua /v1/charges "$GW" "$4" "$GW"
+  stop "$GW"
+}
+
+# The peer takes its upstream from an URL_ variable named in the path, and its settings from a
+# .env file in its working directory.
+peer_rows() { # NAME PORT REDIS_URL
+  mkdir -p "$WORK/peer-$1"
+  {
+    echo "SERVER_ADDR=127.0.0.1:$2"
+    echo "URL_CHARGES=http://127.0.0.1:$UPSTREAM/v1/charges"
+    echo "LOG_LEVEL=error"
+    [ -n "$3" ] && echo "REDIS_URL=$3"
+  } >"$WORK/peer-$1/.env"
+  (cd "$WORK/peer-$1" && exec "$PEER_BIN" >/dev/null 2>&1) &
+  local pid=$!
+  sleep 1
+  export KEY_PREFIX="$PEER_PREFIX-"
+  curl -s -o /dev/null -X POST "http://127.0.0.1:$2/URL_CHARGES" -H "idempotency-key: ${KEY_PREFIX}bench-replay" \
+    -H 'Content-Type: application/json' -d "$BODY"
+  local server=""
+  [ -n "$3" ] && server=redis_pid
+  row "idempotent-proxy, $1, new keys" "$2" new.lua /URL_CHARGES "$pid" "$server" ""
+  row "idempotent-proxy, $1, replays" "$2" same.lua /URL_CHARGES "$pid" "$server" ""
+  stop "$pid"
+  unset KEY_PREFIX
+}
+
+echo "wrk -t2 -c$CONNS -d${DURATION}s per row, $(nproc) cores, $(date -u +%Y-%m-%dT%H:%MZ), idem $(git rev-parse --short HEAD 2>/dev/null || echo '?')"
+echo
+echo '| row | requests/s | p99 | non-2xx | CPU µs/request | × nginx | store server CPU µs/request (and the split by thread) |'
+echo '|---|---:|---:|---:|---:|---:|---|'
+# nginx's row comes first in every run: it is the denominator.
+row "nginx reverse proxy (1 worker, keep-alive upstream)" 18302 same.lua /v1/charges \
+  "$(pgrep -d ' ' -P "$(cat "$WORK/proxy/nginx.pid")")" "" ""
+for r in $ROWS; do
+  case $r in
+    nginx) ;;
+    memory) idem_rows memory 18303 memory: "" ;;
+    sqlite) idem_rows SQLite 18304 "sqlite:$WORK/idem.db" "" ;;
+    redis) idem_rows Redis 18305 "redis://127.0.0.1:6379/?prefix=$PREFIX&durability=volatile" redis_pid ;;
+    postgres) idem_rows PostgreSQL 18306 "$PG?schema=$SCHEMA" postgres_pids ;;
+    peer)
+      if [ -n "${PEER_BIN:-}" ] && [ -x "$PEER_BIN" ]; then
+        peer_rows memory 18307 ""
+        peer_rows Redis 18308 "127.0.0.1:6379"
+      else
+        echo "| idempotent-proxy: skipped (PEER_BIN is not set to its built server) | | | | | | |"
+      fi
+      ;;
+    *) echo "unknown row: $r" >&2; exit 2 ;;
+  esac
+done
