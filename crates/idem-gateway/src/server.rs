@@ -178,8 +178,9 @@ fn connection_builder(settings: &Settings) -> http1::Builder {
     builder
 }
 
-/// What serves a client's connection: `service` (the layer over a proxy), each request in a
-/// task of its own, tracked by `detached`, and told the client's address ([`Detached`]).
+/// What serves a client's connection: `service` (the layer over a proxy), each request run
+/// in the connection's task and handed to a task tracked by `detached` if its client hangs up,
+/// and told the client's address ([`Detached`]).
 fn proxied<S>(
     service: S,
     detached: TaskTracker,
@@ -434,14 +435,25 @@ impl Future for Inline {
         let answer = match polled {
             Ok(std::task::Poll::Pending) => return std::task::Poll::Pending,
             Ok(std::task::Poll::Ready(answer)) => answer,
-            Err(_) => {
-                tracing::error!("a request panicked");
+            Err(payload) => {
+                let why = payload
+                    .downcast_ref::<&str>()
+                    .map(ToString::to_string)
+                    .or_else(|| payload.downcast_ref::<String>().cloned())
+                    .unwrap_or_default();
+                tracing::error!(panic = %why, "a request panicked; answered 500");
+                // Its state may be half-changed: dropping it can panic too, which must not
+                // take the connection down with it.
+                let broken = self.run.take();
+                let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || {
+                    drop(broken);
+                }));
                 let mut resp = http::Response::new(idem_http::Body::default());
                 *resp.status_mut() = http::StatusCode::INTERNAL_SERVER_ERROR;
-                Ok(resp)
+                return std::task::Poll::Ready(Ok(resp));
             }
         };
-        // Finished (or panicked, which leaves it unusable): nothing to hand on when dropped.
+        // Finished: nothing to hand on when dropped.
         self.run = None;
         std::task::Poll::Ready(answer)
     }
@@ -452,12 +464,18 @@ impl Drop for Inline {
         let Some(run) = self.run.take() else {
             return;
         };
-        // Outside a runtime (the runtime itself is being dropped, after the drain's
-        // deadline) there is nowhere left to run it.
+        // Within a runtime that is itself being dropped (a serving thread released after the
+        // drain's deadline) the task is cancelled at once, as every other task there is; the
+        // drain has reported requests still under way by then. Outside any runtime there
+        // is nowhere to run it at all.
         if tokio::runtime::Handle::try_current().is_ok() {
             self.tasks.spawn(async move {
                 let _ = run.await;
             });
+        } else {
+            tracing::warn!(
+                "a request whose client hung up was dropped outside a runtime; its key will read as abandoned"
+            );
         }
     }
 }
@@ -481,5 +499,66 @@ async fn purge_loop<St: Store>(store: St, interval: Duration, batch: usize) {
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn inline(run: impl Future<Output = Answered> + Send + 'static, tasks: &TaskTracker) -> Inline {
+        Inline {
+            run: Some(Box::pin(run)),
+            tasks: tasks.clone(),
+        }
+    }
+
+    #[tokio::test]
+    async fn a_request_that_panics_is_answered_500() {
+        let tasks = TaskTracker::new();
+        let answered = inline(async { panic!("boom") }, &tasks).await;
+        let Ok(resp) = answered;
+        assert_eq!(resp.status(), http::StatusCode::INTERNAL_SERVER_ERROR);
+        assert!(tasks.is_empty());
+    }
+
+    /// Dropped unfinished (the client hung up), the execution goes on in a tracked task, so
+    /// a shutdown that waits for the tracker waits for it; finished, nothing is handed on.
+    #[tokio::test]
+    async fn an_unfinished_request_dropped_runs_on_in_a_tracked_task() {
+        let tasks = TaskTracker::new();
+        let (go, gate) = tokio::sync::oneshot::channel::<()>();
+        let (done_tx, done) = tokio::sync::oneshot::channel::<()>();
+        let mut request = inline(
+            async move {
+                let _ = gate.await;
+                let _ = done_tx.send(());
+                Ok(http::Response::new(idem_http::Body::default()))
+            },
+            &tasks,
+        );
+        let polled = futures_poll_once(&mut request).await;
+        assert!(polled.is_pending());
+        drop(request);
+        assert_eq!(tasks.len(), 1, "handed to the tracker");
+        tasks.close();
+        let _ = go.send(());
+        tasks.wait().await;
+        assert!(done.await.is_ok(), "the execution ran to its end");
+
+        let finished = TaskTracker::new();
+        let mut request = inline(
+            async { Ok(http::Response::new(idem_http::Body::default())) },
+            &finished,
+        );
+        assert!(futures_poll_once(&mut request).await.is_ready());
+        drop(request);
+        assert!(finished.is_empty());
+    }
+
+    /// Polls `fut` once, from within a task.
+    async fn futures_poll_once(fut: &mut Inline) -> std::task::Poll<Answered> {
+        std::future::poll_fn(|cx| std::task::Poll::Ready(std::pin::Pin::new(&mut *fut).poll(cx)))
+            .await
     }
 }
