@@ -1,9 +1,9 @@
 //! The HTTP core for the package's Express, Fastify and Hono middleware
 //! (`idem-runtime/express`, `/fastify`, `/hono`): [`idem_embed::http::HttpFront`], with every
-//! store call off the event loop (libuv's pool, or a thread of its own for a route that waits
-//! for a duplicate in flight). Headers cross as flat arrays `[name, value, name, value, ...]`
-//! of strings holding one byte per character (Node's `rawHeaders`, a `Headers`' values), so
-//! no byte is reinterpreted.
+//! store call off the event loop, in the store's `Lane` (a route that waits for a duplicate
+//! in flight claims on idem's runtime whatever the store). Headers cross as flat arrays
+//! `[name, value, name, value, ...]` of strings holding one byte per character (Node's
+//! `rawHeaders`, a `Headers`' values), so no byte is reinterpreted.
 
 use std::sync::{Arc, Mutex, PoisonError};
 
@@ -14,7 +14,8 @@ use napi_derive::napi;
 use idem_embed::http::{Admitted, Begun as EmbedBegun, HttpExecution as Execution, Keyed, Reply};
 use idem_http::BodyError;
 
-use crate::{embed_error, js_error, on_own_thread};
+use crate::tool::Lane;
+use crate::{embed_error, js_error, settled_later};
 
 /// A reply to send.
 #[napi(object)]
@@ -95,6 +96,7 @@ fn pairs(joined: &str) -> napi::Result<Vec<(String, Vec<u8>)>> {
 #[derive(Debug, Clone)]
 pub struct HttpFront {
     inner: Arc<idem_embed::http::HttpFront>,
+    lane: Lane,
 }
 
 /// Opens the store and reads the configuration off the event loop.
@@ -121,6 +123,7 @@ impl Task for OpenHttpFront {
         let inner = idem_embed::http::HttpFront::new(config, &url).map_err(|e| embed_error(&e))?;
         Ok(HttpFront {
             inner: Arc::new(inner),
+            lane: Lane::of(&url),
         })
     }
 
@@ -191,6 +194,7 @@ impl HttpFront {
                     keyed: Some(HttpKeyed {
                         front: self.inner.clone(),
                         keyed: Mutex::new(Some(k)),
+                        lane: self.lane,
                     }),
                     reply: None,
                 },
@@ -223,6 +227,7 @@ pub struct Admission {
 pub struct HttpKeyed {
     front: Arc<idem_embed::http::HttpFront>,
     keyed: Mutex<Option<Keyed>>,
+    lane: Lane,
 }
 
 impl HttpKeyed {
@@ -247,7 +252,7 @@ impl HttpKeyed {
                 "beginNow is for inline requests; use begin",
             ));
         }
-        Ok(Begun::of(self.front.begin(keyed, &body)))
+        Ok(Begun::of(self.front.begin(keyed, &body), self.lane))
     }
 
     /// The reply the completed-record cache holds for this request (a replay, or
@@ -290,16 +295,22 @@ impl HttpKeyed {
         body: Buffer,
     ) -> napi::Result<Either<AsyncTask<Run<Begun>>, Object<'env>>> {
         let keyed = self.take()?;
-        let waits = keyed.waits;
+        let lane = self.lane;
+        // A wait holds no thread on idem's runtime; on libuv's pool it would (see
+        // `settled_later`).
+        if lane == Lane::Runtime || keyed.waits {
+            let front = self.front.clone();
+            return settled_later(env, |settle| {
+                front.begin_then(keyed, &body, move |b| settle.settle(Ok(Begun::of(b, lane))));
+                Ok(())
+            })
+            .map(Either::B);
+        }
         let front = self.front.clone();
         let body = body.to_vec();
-        let work = move || Ok(Begun::of(front.begin(keyed, &body)));
-        if waits {
-            // A wait must not hold a thread of libuv's pool (see `on_own_thread`).
-            on_own_thread(env, work, Ok).map(Either::B)
-        } else {
-            Ok(Either::A(on_pool(Box::new(work))))
-        }
+        Ok(Either::A(on_pool(Box::new(move || {
+            Ok(Begun::of(front.begin(keyed, &body), lane))
+        }))))
     }
 }
 
@@ -318,14 +329,17 @@ pub struct Begun {
 }
 
 impl Begun {
-    fn of(begun: EmbedBegun) -> Self {
+    fn of(begun: EmbedBegun, lane: Lane) -> Self {
         match begun {
             EmbedBegun::Execute(e) => Begun {
                 // Bounds of at most a few GiB: exact as a double.
                 #[allow(clippy::cast_precision_loss)]
                 max_response: e.max_response() as f64,
                 inline: e.inline(),
-                execution: Some(HttpExecution(Mutex::new(Some(e)))),
+                execution: Some(HttpExecution {
+                    execution: Mutex::new(Some(e)),
+                    lane,
+                }),
                 reply: None,
             },
             EmbedBegun::Reply(r) => Begun {
@@ -336,7 +350,7 @@ impl Begun {
     }
 }
 
-/// Work for libuv's thread pool: a closure run once.
+/// Work for libuv's thread pool (`Lane::Pool`): a closure run once.
 type Work<T> = Box<dyn FnOnce() -> napi::Result<T> + Send>;
 
 /// A closure run once on libuv's thread pool.
@@ -377,11 +391,18 @@ where
 /// A keyed request whose handler runs: finish it once.
 #[napi]
 #[derive(Debug)]
-pub struct HttpExecution(Mutex<Option<Execution>>);
+pub struct HttpExecution {
+    execution: Mutex<Option<Execution>>,
+    /// Its store's: where `finish`, `unknown` and `failed` run.
+    lane: Lane,
+}
+
+/// What `finish` and `failed` return: a promise either way.
+type Replying<'env> = Either<AsyncTask<Run<HttpReply>>, Object<'env>>;
 
 impl HttpExecution {
     fn take(&self) -> napi::Result<Execution> {
-        self.0
+        self.execution
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .take()
@@ -414,36 +435,65 @@ impl HttpExecution {
 
     /// Stores the handler's response; resolves to the reply to send.
     #[napi(ts_return_type = "Promise<HttpReply>")]
-    pub fn finish(
+    pub fn finish<'env>(
         &self,
+        env: &'env Env,
         status: u32,
         headers: String,
         body: Buffer,
-    ) -> napi::Result<AsyncTask<Run<HttpReply>>> {
+    ) -> napi::Result<Replying<'env>> {
         let status = u16::try_from(status)
             .map_err(|_| js_error("invalid", format!("status {status} is not an HTTP status")))?;
         let headers = pairs(&headers)?;
         let execution = self.take()?;
         let body = body.to_vec();
-        Ok(on_pool(Box::new(move || {
+        if self.lane == Lane::Runtime {
+            return settled_later(env, |settle| {
+                execution.finish_then(status, &headers, body, |r| {
+                    settle.settle(Ok(HttpReply::from(r)))
+                });
+                Ok(())
+            })
+            .map(Either::B);
+        }
+        Ok(Either::A(on_pool(Box::new(move || {
             Ok(execution.finish(status, &headers, body).into())
-        })))
+        }))))
     }
 
     /// The handler failed, or the request went away mid-way: the outcome is unknown.
     #[napi(ts_return_type = "Promise<void>")]
-    pub fn unknown(&self) -> napi::Result<AsyncTask<Run<()>>> {
+    pub fn unknown<'env>(
+        &self,
+        env: &'env Env,
+    ) -> napi::Result<Either<AsyncTask<Run<()>>, Object<'env>>> {
         let execution = self.take()?;
-        Ok(on_pool(Box::new(move || {
+        if self.lane == Lane::Runtime {
+            return settled_later(env, |settle| {
+                execution.unknown_then(|| settle.settle(Ok(())));
+                Ok(())
+            })
+            .map(Either::B);
+        }
+        Ok(Either::A(on_pool(Box::new(move || {
             execution.unknown();
             Ok(())
-        })))
+        }))))
     }
 
     /// The response broke off or was too large: unknown; resolves to `response-failed`.
     #[napi(ts_return_type = "Promise<HttpReply>")]
-    pub fn failed(&self) -> napi::Result<AsyncTask<Run<HttpReply>>> {
+    pub fn failed<'env>(&self, env: &'env Env) -> napi::Result<Replying<'env>> {
         let execution = self.take()?;
-        Ok(on_pool(Box::new(move || Ok(execution.failed().into()))))
+        if self.lane == Lane::Runtime {
+            return settled_later(env, |settle| {
+                execution.failed_then(|r| settle.settle(Ok(HttpReply::from(r))));
+                Ok(())
+            })
+            .map(Either::B);
+        }
+        Ok(Either::A(on_pool(Box::new(move || {
+            Ok(execution.failed().into())
+        }))))
     }
 }

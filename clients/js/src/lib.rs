@@ -3,18 +3,21 @@
 //!
 //! This crate decides nothing: the state machine is idem-core's, the derivation idem-keys',
 //! the store's opening and the fork-aware runtime idem-embed's. It converts values at the
-//! boundary and moves every call that may block off Node's event loop: opening a store,
-//! `begin` and `finish` onto libuv's thread pool (an [`napi::bindgen_prelude::AsyncTask`]),
-//! and a `begin` that waits for a duplicate in flight onto a thread of its own
-//! (`on_own_thread`).
+//! boundary and keeps every call that may block off Node's event loop, in the store's lane
+//! (`tool::Lane`): a `memory:` store's on the calling thread; a SQLite store's on libuv's
+//! thread pool (an [`napi::bindgen_prelude::AsyncTask`]); a PostgreSQL or Redis store's as
+//! tasks on idem's runtime that settle a promise (`settled_later`), as is every claim that
+//! waits for a duplicate in flight. Opening a store goes to the pool.
 //! The JavaScript side (`index.js`) holds the scope context, the codec and the typed errors.
 //!
 //! Arguments cross as JSON text (`JSON.stringify` on the JavaScript side): one conversion,
 //! and the same parser ([`idem_keys::parse_args`]) that refuses integers beyond 2^53 and lone
 //! surrogates for the CLI.
 
-use napi::Env;
+use std::sync::{Arc, Mutex, PoisonError};
+
 use napi::bindgen_prelude::{Object, ToNapiValue};
+use napi::{Env, JsDeferred};
 
 mod derive;
 mod http;
@@ -43,33 +46,45 @@ fn embed_error(e: &idem_embed::EmbedError) -> napi::Error {
     js_error(kind, e)
 }
 
-/// Runs `work` on a new thread and settles the returned promise with its result, made into a
-/// JavaScript value by `to_js` back on the event loop. For waits only.
+/// How a promise made by [`settled_later`] is settled: once, from any thread.
+type Resolver<V> = Box<dyn FnOnce(Env) -> napi::Result<V> + Send>;
+
+/// A promise not yet settled; `None` once it is.
+type Pending<V> = Arc<Mutex<Option<JsDeferred<V, Resolver<V>>>>>;
+
+/// The promise of one [`settled_later`] call, to settle from any thread.
+struct Settle<V: ToNapiValue + 'static>(Pending<V>);
+
+impl<V: ToNapiValue + Send + 'static> Settle<V> {
+    /// Settles the promise with `outcome` (made a JavaScript value back on the event loop).
+    fn settle(self, outcome: napi::Result<V>) {
+        let deferred = self.0.lock().unwrap_or_else(PoisonError::into_inner).take();
+        match (deferred, outcome) {
+            (Some(d), Ok(value)) => d.resolve(Box::new(move |_env| Ok(value))),
+            (Some(d), Err(e)) => d.reject(e),
+            (None, _) => {}
+        }
+    }
+}
+
+/// Starts work that settles the returned promise later, from another thread: `start` gets the
+/// promise's [`Settle`] and hands it to the work. If `start` fails instead, the promise is
+/// rejected with its error, so a caller always gets a promise that settles.
 ///
-/// Not libuv's thread pool (`AsyncTask`): with duplicates waiting there for a call in flight,
-/// as many as the pool has threads (4 by default), the first call's `finish`, the store write
-/// that would wake them, queued behind them until their wait ran out. Every call on a thread
-/// of its own measured 0.5 – 1.3 ms slower per SQLite or Redis call than the pool (thread
-/// start and a promise settled from another thread), so only a claim that must wait pays it.
-fn on_own_thread<'env, T, V, W, J>(env: &'env Env, work: W, to_js: J) -> napi::Result<Object<'env>>
+/// Why not libuv's thread pool (an `AsyncTask`): a call there blocks a pool thread on idem's
+/// runtime, two hops (event loop → pool thread → runtime, and back) where a task on the
+/// runtime needs one, and a duplicate waiting for a call in flight held its pool thread, so
+/// four of them (the pool's size) queued the first call's `finish`, the write that would end
+/// their wait, behind them.
+fn settled_later<'env, V, S>(env: &'env Env, start: S) -> napi::Result<Object<'env>>
 where
-    T: Send + 'static,
-    V: ToNapiValue + 'static,
-    W: FnOnce() -> napi::Result<T> + Send + 'static,
-    J: FnOnce(T) -> napi::Result<V> + Send + 'static,
+    V: ToNapiValue + Send + 'static,
+    S: FnOnce(Settle<V>) -> napi::Result<()>,
 {
-    let (deferred, promise) = env.create_deferred()?;
-    std::thread::Builder::new()
-        .name("idem-call".into())
-        .spawn(move || match work() {
-            Ok(value) => deferred.resolve(move |_env| to_js(value)),
-            Err(e) => deferred.reject(e),
-        })
-        .map_err(|e| {
-            js_error(
-                "store",
-                format!("could not start a thread for the call: {e}"),
-            )
-        })?;
+    let (deferred, promise) = env.create_deferred::<V, Resolver<V>>()?;
+    let slot = Arc::new(Mutex::new(Some(deferred)));
+    if let Err(e) = start(Settle(slot.clone())) {
+        Settle(slot).settle(Err(e));
+    }
     Ok(promise)
 }

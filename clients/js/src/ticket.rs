@@ -1,12 +1,13 @@
-//! A claimed key: `finish` on libuv's thread pool.
+//! A claimed key: `finish` in its store's `Lane`.
 
-use napi::bindgen_prelude::{AsyncTask, Buffer};
+use napi::bindgen_prelude::{AsyncTask, Buffer, Either, Object};
 use napi::{Env, Task};
 use napi_derive::napi;
 
 use idem_embed::{Report, Saved};
 
-use crate::{embed_error, js_error};
+use crate::tool::Lane;
+use crate::{embed_error, js_error, settled_later};
 
 /// The claim of one call whose function runs in JavaScript. Collected without `finish` (the
 /// wrapper failed), the heartbeat stops and the key reads as abandoned when its lease ends.
@@ -14,15 +15,19 @@ use crate::{embed_error, js_error};
 #[derive(Debug)]
 pub struct Ticket {
     inner: Option<idem_embed::Ticket>,
-    /// Claimed on a `memory:` store: `finishNow` may keep the result on the calling thread.
-    inline: bool,
+    /// Its store's: `Lane::Inline` (a `memory:` store) lets `finishNow` keep the result on
+    /// the calling thread.
+    lane: Lane,
 }
 
+/// What `finish`, `release` and `unknown` return: a promise either way.
+type Finishing<'env> = Either<AsyncTask<Finish>, Object<'env>>;
+
 impl Ticket {
-    pub(crate) fn new(inner: idem_embed::Ticket, inline: bool) -> Self {
+    pub(crate) fn new(inner: idem_embed::Ticket, lane: Lane) -> Self {
         Ticket {
             inner: Some(inner),
-            inline,
+            lane,
         }
     }
 
@@ -32,15 +37,23 @@ impl Ticket {
             .ok_or_else(|| js_error("invalid", "this ticket is already finished"))
     }
 
-    fn later(&mut self, report: Report) -> napi::Result<AsyncTask<Finish>> {
-        Ok(AsyncTask::new(Finish {
-            ticket: Some(self.take()?),
-            report: Some(report),
-        }))
+    fn later<'env>(&mut self, env: &'env Env, report: Report) -> napi::Result<Finishing<'env>> {
+        let ticket = self.take()?;
+        if self.lane != Lane::Runtime {
+            return Ok(Either::A(AsyncTask::new(Finish {
+                ticket: Some(ticket),
+                report: Some(report),
+            })));
+        }
+        let settling = settled_later(env, |settle| {
+            ticket.finish_then(report, |s| settle.settle(Ok(saved(s))));
+            Ok(())
+        });
+        settling.map(Either::B)
     }
 
     fn now(&mut self, report: Report) -> napi::Result<String> {
-        if !self.inline {
+        if self.lane != Lane::Inline {
             return Err(js_error(
                 "invalid",
                 "finishing now is for memory: stores; a store with I/O must use finish",
@@ -77,13 +90,15 @@ impl Ticket {
     /// Stores the function's encoded result (`status` 200) or kept error (500). Resolves to
     /// `stored`, or `lost: <why>` when the store failed meanwhile.
     #[napi(ts_return_type = "Promise<string>")]
-    pub fn finish(
+    pub fn finish<'env>(
         &mut self,
+        env: &'env Env,
         status: u32,
         body: Buffer,
         media_type: String,
-    ) -> napi::Result<AsyncTask<Finish>> {
-        self.later(result(status, &body, media_type)?)
+    ) -> napi::Result<Finishing<'env>> {
+        let report = result(status, &body, media_type)?;
+        self.later(env, report)
     }
 
     /// As `finish`, on this thread, for a ticket of a `memory:` store.
@@ -106,23 +121,24 @@ impl Ticket {
     /// Whether `finishNow` / `releaseNow` may be used.
     #[napi(getter)]
     pub fn inline(&self) -> bool {
-        self.inline
+        self.lane == Lane::Inline
     }
 
     /// The function failed before or without its effect: release the key so a retry runs.
     #[napi(ts_return_type = "Promise<string>")]
-    pub fn release(&mut self) -> napi::Result<AsyncTask<Finish>> {
-        self.later(Report::NotRun)
+    pub fn release<'env>(&mut self, env: &'env Env) -> napi::Result<Finishing<'env>> {
+        self.later(env, Report::NotRun)
     }
 
     /// The function may have acted but its outcome is unknown: mark the record abandoned.
     #[napi(ts_return_type = "Promise<string>")]
-    pub fn unknown(&mut self) -> napi::Result<AsyncTask<Finish>> {
-        self.later(Report::Unknown)
+    pub fn unknown<'env>(&mut self, env: &'env Env) -> napi::Result<Finishing<'env>> {
+        self.later(env, Report::Unknown)
     }
 }
 
-/// [`Ticket`]'s finishing work.
+/// [`Ticket`]'s finishing work on libuv's pool (`Lane::Pool`; an inline ticket's promised
+/// `finish` too).
 #[derive(Debug)]
 pub struct Finish {
     ticket: Option<idem_embed::Ticket>,

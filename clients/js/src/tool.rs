@@ -1,9 +1,9 @@
-//! A store and a tool declared on it: `begin` on libuv's thread pool, a wait on a thread of
-//! its own.
+//! A store and a tool declared on it, and the `Lane` each store's calls take off the event
+//! loop.
 
 use std::time::Duration;
 
-use napi::bindgen_prelude::{AsyncTask, Buffer, Object};
+use napi::bindgen_prelude::{AsyncTask, Buffer, Either, Object};
 use napi::{Env, Task};
 use napi_derive::napi;
 
@@ -12,14 +12,42 @@ use idem_stores::StoreUrl;
 
 use crate::derive::{derive_text, ordinal, parse_fields};
 use crate::ticket::Ticket;
-use crate::{embed_error, js_error, on_own_thread};
+use crate::{embed_error, js_error, settled_later};
 
 /// An open store (one engine per URL per process, shared by every tool and worker thread).
 #[napi]
 #[derive(Debug, Clone)]
 pub struct Store {
     inner: idem_embed::Store,
-    inline: bool,
+    lane: Lane,
+}
+
+/// Where a store's `begin` and `finish` run, so that none blocks the event loop and each
+/// crosses as few threads as its store allows (measured in docs/benchmarks.md, "Node.js").
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Lane {
+    /// On the calling thread: a `memory:` store does no I/O, and a hop to any other thread and
+    /// back costs more than the whole call.
+    Inline,
+    /// On libuv's thread pool, blocking there: a SQLite store's I/O runs on its own threads,
+    /// which a pool thread reaches directly. Through a task on idem's runtime a SQLite replay
+    /// cost 30 – 45 µs more (the runtime's workers wake each other on the way).
+    Pool,
+    /// As a task on idem's runtime, settling a promise: a PostgreSQL or Redis store's
+    /// connections are driven by tasks on that runtime, so a call from the pool crossed to it
+    /// and back as well; from the event loop straight to the runtime is one hop fewer.
+    Runtime,
+}
+
+impl Lane {
+    /// The lane of the store at `url` (a URL that does not parse fails when opened).
+    pub(crate) fn of(url: &str) -> Self {
+        match url.parse() {
+            Ok(StoreUrl::Memory) => Lane::Inline,
+            Ok(StoreUrl::Sqlite { .. }) => Lane::Pool,
+            _ => Lane::Runtime,
+        }
+    }
 }
 
 #[napi]
@@ -35,7 +63,7 @@ impl Store {
     /// A hop to the pool and back costs tens of microseconds, more than the whole call.
     #[napi(getter)]
     pub fn inline(&self) -> bool {
-        self.inline
+        self.lane == Lane::Inline
     }
 }
 
@@ -51,9 +79,9 @@ impl Task for OpenStore {
     type JsValue = Store;
 
     fn compute(&mut self) -> napi::Result<Self::Output> {
-        let inline = matches!(self.url.parse(), Ok(StoreUrl::Memory));
+        let lane = Lane::of(&self.url);
         let inner = idem_embed::Store::open(&self.url).map_err(|e| embed_error(&e))?;
-        Ok(Store { inner, inline })
+        Ok(Store { inner, lane })
     }
 
     fn resolve(&mut self, _env: Env, store: Self::Output) -> napi::Result<Store> {
@@ -239,7 +267,7 @@ impl Tool {
                 ..BeginOutcome::default()
             }
         } else {
-            outcome(started, true)
+            outcome(started, Lane::Inline)
         };
         out.key = Some(key.as_str().to_owned());
         Ok(out)
@@ -270,28 +298,48 @@ impl Tool {
         if self.must_wait(&started) {
             return Ok(None);
         }
-        Ok(Some(outcome(started, true)))
+        Ok(Some(outcome(started, Lane::Inline)))
     }
 
-    /// Claims `key` for a call with these arguments on libuv's thread pool, without waiting:
-    /// kind `wait` when a duplicate is in flight and the tool waits for it; then call
-    /// [`Tool::begin_waiting`].
+    /// Claims `key` for a call with these arguments off the event loop (the store's
+    /// `Lane`), without waiting: kind `wait` when a duplicate is in flight and the tool
+    /// waits for it; then call [`Tool::begin_waiting`].
     #[napi(ts_return_type = "Promise<BeginOutcome>")]
-    pub fn begin(&self, store: &Store, key: String, args_json: String) -> AsyncTask<Begin> {
-        AsyncTask::new(Begin {
-            store: store.inner.clone(),
-            tool: self.name.clone(),
-            policy: self.at_once.clone(),
-            waits: self.waits,
-            fields: self.fields.clone(),
-            key,
-            args_json,
-        })
+    pub fn begin<'env>(
+        &self,
+        env: &'env Env,
+        store: &Store,
+        key: String,
+        args_json: String,
+    ) -> napi::Result<Either<AsyncTask<Begin>, Object<'env>>> {
+        let (waits, lane) = (self.waits, store.lane);
+        if lane == Lane::Pool {
+            return Ok(Either::A(AsyncTask::new(Begin {
+                store: store.inner.clone(),
+                tool: self.name.clone(),
+                policy: self.at_once.clone(),
+                waits,
+                fields: self.fields.clone(),
+                key,
+                args_json,
+            })));
+        }
+        let begun = self.begin_later(env, store, &key, &args_json, &self.at_once, move |s| {
+            if must_wait(waits, &s) {
+                return BeginOutcome {
+                    kind: "wait".into(),
+                    ..BeginOutcome::default()
+                };
+            }
+            outcome(s, lane)
+        });
+        begun.map(Either::B)
     }
 
-    /// Claims `key`, waiting for a duplicate in flight, on a thread of its own (see
-    /// `on_own_thread`): a wait must not hold a thread of libuv's pool, where the `finish`
-    /// that would end it runs.
+    /// Claims `key`, waiting for a duplicate in flight, as a task on idem's runtime on every
+    /// store: the wait holds no thread, so no number of waiting duplicates delays the
+    /// `finish` that ends their wait (on libuv's pool, four of them, the pool's size, queued
+    /// it behind them until their wait ran out).
     #[napi(ts_return_type = "Promise<BeginOutcome>")]
     pub fn begin_waiting<'env>(
         &self,
@@ -300,19 +348,36 @@ impl Tool {
         key: String,
         args_json: String,
     ) -> napi::Result<Object<'env>> {
-        let store = store.inner.clone();
-        let tool = self.name.clone();
-        let policy = self.policy.clone();
-        let fields = self.fields.clone();
-        on_own_thread(
-            env,
-            move || begin(&store, &key, &tool, &args_json, fields.as_ref(), &policy),
-            |started| Ok(outcome(started, false)),
-        )
+        let lane = store.lane;
+        self.begin_later(env, store, &key, &args_json, &self.policy, move |s| {
+            outcome(s, lane)
+        })
+    }
+
+    /// `begin` under `policy`, settling the returned promise with `to_js` of what it came to
+    /// (or rejecting it: a value of the call's refused, the store unusable).
+    fn begin_later<'env>(
+        &self,
+        env: &'env Env,
+        store: &Store,
+        key: &str,
+        args_json: &str,
+        policy: &ToolPolicy,
+        to_js: impl FnOnce(Started) -> BeginOutcome + Send + 'static,
+    ) -> napi::Result<Object<'env>> {
+        settled_later(env, |settle| {
+            let args = parse_args_json(args_json)?;
+            store
+                .inner
+                .begin_then(key, &self.name, &args, self.fields.as_ref(), policy, |r| {
+                    settle.settle(r.map_err(|e| embed_error(&e)).map(to_js));
+                })
+                .map_err(|e| embed_error(&e))
+        })
     }
 }
 
-/// [`Tool::begin`]'s work.
+/// [`Tool::begin`]'s work on libuv's pool (`Lane::Pool`).
 #[derive(Debug)]
 pub struct Begin {
     store: idem_embed::Store,
@@ -347,7 +412,7 @@ impl Task for Begin {
                 ..BeginOutcome::default()
             });
         }
-        Ok(outcome(started, false))
+        Ok(outcome(started, Lane::Pool))
     }
 }
 
@@ -357,7 +422,7 @@ fn must_wait(waits: bool, started: &Started) -> bool {
 }
 
 fn inline_only(store: &Store) -> napi::Result<()> {
-    if store.inline {
+    if store.lane == Lane::Inline {
         Ok(())
     } else {
         Err(js_error(
@@ -365,6 +430,11 @@ fn inline_only(store: &Store) -> napi::Result<()> {
             "calls on this thread are for memory: stores; a store with I/O must use begin",
         ))
     }
+}
+
+fn parse_args_json(args_json: &str) -> napi::Result<serde_json::Value> {
+    serde_json::from_str(args_json)
+        .map_err(|e| js_error("invalid", format!("the arguments are not JSON: {e}")))
 }
 
 fn begin(
@@ -375,19 +445,18 @@ fn begin(
     fields: Option<&KeyFields>,
     policy: &ToolPolicy,
 ) -> napi::Result<Started> {
-    let args: serde_json::Value = serde_json::from_str(args_json)
-        .map_err(|e| js_error("invalid", format!("the arguments are not JSON: {e}")))?;
+    let args = parse_args_json(args_json)?;
     store
         .begin(key, tool, &args, fields, policy)
         .map_err(|e: EmbedError| embed_error(&e))
 }
 
-/// `inline`: the ticket may be finished on the calling thread (a `memory:` store).
-fn outcome(started: Started, inline: bool) -> BeginOutcome {
+/// `lane`: where the ticket is finished (its store's).
+fn outcome(started: Started, lane: Lane) -> BeginOutcome {
     match started {
         Started::Execute(ticket) => BeginOutcome {
             kind: "execute".into(),
-            ticket: Some(Ticket::new(ticket, inline)),
+            ticket: Some(Ticket::new(ticket, lane)),
             ..BeginOutcome::default()
         },
         Started::Prior(p) => BeginOutcome {

@@ -2,16 +2,25 @@
 // has threads (UV_THREADPOOL_SIZE, 4 by default). When `begin` and `finish` ran on that pool
 // (AsyncTasks) only, each waiting duplicate held a pool thread and the first call's `finish` queued
 // behind them: the result was stored only when their wait ran out, and they failed with
-// InFlightError. A waiting `begin` now runs on a thread of its own (src/lib.rs, on_own_thread).
+// InFlightError. A waiting `begin` now runs as a task on idem's runtime and holds no thread
+// (src/tool.rs, begin_waiting), on a store whose other calls use the pool (SQLite) and on one
+// whose calls all run on the runtime (Redis).
 import { test } from "node:test";
 import assert from "node:assert/strict";
 import { join } from "node:path";
 
 import { idempotent } from "../index.js";
-import { tmp } from "./helpers.mjs";
+import { REDIS, tmp } from "./helpers.mjs";
 
+const stores = {
+  SQLite: (t) => `sqlite:${join(tmp(t), "idem.db")}`,
+  // Records expire with their retention; the prefix is this run's.
+  Redis: () => `${REDIS}&prefix=idem-node-attack-${process.pid}`,
+};
+
+for (const [name, storeOf] of Object.entries(stores)) {
 test(
-  "duplicates beyond libuv's pool size all get the first call's result",
+  `${name}: duplicates beyond libuv's pool size all get the first call's result`,
   async (t) => {
     const ran = [];
     const op = idempotent(
@@ -20,7 +29,7 @@ test(
         await new Promise((r) => setTimeout(r, 200));
         return a.x;
       },
-      { tool: "op", store: `sqlite:${join(tmp(t), "idem.db")}`, scope: `s${Date.now()}`, wait: 3000 },
+      { tool: "op", store: storeOf(t), scope: `s${process.pid}-${Date.now()}`, wait: 3000 },
     );
     const pool = Number(process.env.UV_THREADPOOL_SIZE ?? 4);
     const first = op({ x: 1 });
@@ -34,3 +43,4 @@ test(
     );
   },
 );
+}

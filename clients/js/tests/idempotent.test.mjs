@@ -280,12 +280,21 @@ for (const [name, store, cleanup] of [
   });
 }
 
-test("worker threads and two processes racing one intent: one effect, one result for all", async (t) => {
+// SQLite's calls run on libuv's pool, Redis's as tasks on idem's runtime that settle each
+// worker thread's promise from that runtime's threads (src/tool.rs, Lane).
+const dropRedisKeys = (prefix) => () =>
+  run("redis-cli", ["-h", "127.0.0.1", "eval", "for _, p in ipairs(ARGV) do for _, k in ipairs(redis.call('keys', p)) do redis.call('del', k) end end", "0", `${prefix}:*`, `${prefix}#*`]);
+for (const [name, storeIn, cleanup] of [
+  ["SQLite", (dir) => `sqlite:${join(dir, "idem.db")}`, () => {}],
+  ["Redis", () => `${REDIS}&prefix=${redisPrefix}-race`, dropRedisKeys(`${redisPrefix}-race`)],
+]) {
+test(`${name}: worker threads and two processes racing one intent: one effect, one result for all`, async (t) => {
+  t.after(cleanup);
   const dir = tmp(t);
   const db = join(dir, "effects.db");
   rows(db); // the table exists before the racers start
-  const store = `sqlite:${join(dir, "idem.db")}`;
-  const scope = new Scope(scopeId("race"));
+  const store = storeIn(dir);
+  const scope = new Scope(scopeId(`race-${name}`));
   const job = (who) => ({ who, scope: scope.toJSON(), store, db, customer: "cus_race" });
   const racer = new URL("./racer.mjs", import.meta.url);
   const threads = [1, 2, 3].map(
@@ -305,3 +314,4 @@ test("worker threads and two processes racing one intent: one effect, one result
   assert.match(inspect(deriveKey(scope.id, "add_row", { customer: "cus_race" }), store), /completed/);
   assert.ok(idemBinary());
 });
+}

@@ -8,6 +8,11 @@ and with an undecorated call. A benchmark, not a test: numbers go in docs/benchm
 Every case calls a function of one dict argument, as Powertools requires
 (``data_keyword_argument``); a new key is a new ``order`` id, a replay repeats one. Each
 case reports the best round's mean (the least disturbed by other work on the machine).
+
+Beside the time per call, each row gives the CPU per call: this process's (every thread:
+idem's runtime workers count, as Powertools' calling thread does) and, on Redis, the Redis
+server's (its ``/proc`` ticks, when it runs on this machine). A wall-clock rate on a shared
+2-core machine moves with the machine; CPU per call moves much less.
 """
 
 from __future__ import annotations
@@ -35,16 +40,38 @@ def body(order: dict) -> dict:
     return {"order": order["id"], "status": "shipped"}
 
 
-def best_mean(fn, make_arg, calls: int, rounds: int) -> float:
-    """Seconds per call, the best of ``rounds`` rounds of ``calls`` calls."""
-    best = float("inf")
+def server_cpu_seconds(pid: int | None) -> float:
+    """User + system CPU the process ``pid`` has used so far (0 when it is not local)."""
+    if pid is None:
+        return 0.0
+    try:
+        fields = pathlib.Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def best_mean(fn, make_arg, calls: int, rounds: int, server: int | None = None):
+    """Seconds per call (the best of ``rounds`` rounds of ``calls`` calls), and the CPU
+    seconds per call of this process and of ``server`` in that best round."""
+    best = (float("inf"), 0.0, 0.0)
     for _ in range(rounds):
         args = [make_arg() for _ in range(calls)]
-        t = time.perf_counter()
+        s0, c0, t = server_cpu_seconds(server), time.process_time(), time.perf_counter()
         for a in args:
             fn(order=a)
-        best = min(best, (time.perf_counter() - t) / calls)
+        wall = (time.perf_counter() - t) / calls
+        cpu, srv = (time.process_time() - c0) / calls, (server_cpu_seconds(server) - s0) / calls
+        best = min(best, (wall, cpu, srv))
     return best
+
+
+def redis_pid(redis_url: str) -> int | None:
+    """The Redis server's process id, when it runs on this machine (for its CPU)."""
+    from redis import Redis
+
+    pid = Redis.from_url(redis_url).info("server").get("process_id")
+    return pid if pid and pathlib.Path(f"/proc/{pid}").exists() else None
 
 
 def idem_case(store: str):
@@ -92,22 +119,27 @@ def main() -> None:
     same = {"id": "o-replayed"}
     same_arg = lambda: same  # noqa: E731
 
+    server = redis_pid(opts.redis)
     with scope("bench"):
-        plain = best_mean(body, new_arg, opts.calls, opts.rounds)
+        plain = best_mean(body, new_arg, opts.calls, opts.rounds)[0]
         rows = []
         for name, fn in cases:
+            on_redis = server if "edis" in name else None
             fn(order=same)  # stored once; the replay rounds read it
-            new = best_mean(fn, new_arg, max(opts.calls // 5, 200), opts.rounds)
-            replay = best_mean(fn, same_arg, opts.calls, opts.rounds)
+            new = best_mean(fn, new_arg, max(opts.calls // 5, 200), opts.rounds, on_redis)
+            replay = best_mean(fn, same_arg, opts.calls, opts.rounds, on_redis)
             rows.append((name, new, replay))
 
     print(f"python {platform.python_version()} on {platform.machine()}, "
           f"{opts.calls} calls x {opts.rounds} rounds (new keys: {max(opts.calls // 5, 200)}), best round")
     print(f"undecorated call: {plain * 1e6:.2f} us\n")
-    print("| decorator, store | new key: us/call | new keys/s | replay: us/call | replay overhead: us |")
-    print("|---|---:|---:|---:|---:|")
+    print("CPU: this process's (all threads) + the Redis server's, us per call, in the best round\n")
+    print("| decorator, store | new key: us/call | new keys/s | new key CPU | replay: us/call | replay CPU |")
+    print("|---|---:|---:|---:|---:|---:|")
+    us = lambda x: f"{x * 1e6:.1f}"  # noqa: E731
+    cpu = lambda r: us(r[1]) + (f" + {us(r[2])}" if r[2] else "")  # noqa: E731
     for name, new, replay in rows:
-        print(f"| {name} | {new * 1e6:.1f} | {1 / new:,.0f} | {replay * 1e6:.1f} | {(replay - plain) * 1e6:.1f} |")
+        print(f"| {name} | {us(new[0])} | {1 / new[0]:,.0f} | {cpu(new)} | {us(replay[0])} | {cpu(replay)} |")
 
 
 if __name__ == "__main__":

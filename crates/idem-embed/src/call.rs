@@ -173,9 +173,7 @@ impl Store {
         fields: Option<&KeyFields>,
         policy: &ToolPolicy,
     ) -> Result<Started, EmbedError> {
-        let key = Key::new(key)?;
-        let args = key_args(args, fields)?;
-        let fingerprint = Fingerprint::json_call(tool, &args);
+        let (key, fingerprint) = claim_of(key, tool, args, fields)?;
         self.claim(key, fingerprint, policy)
     }
 
@@ -205,6 +203,32 @@ impl Store {
         Ok(Claimed { key: text, started })
     }
 
+    /// As [`Store::begin`], without blocking the calling thread: the claim runs as a task on
+    /// the process's runtime, and `done` gets what it came to, on one of the runtime's
+    /// threads. For a host whose calling thread must not block (Node's event loop). A wait
+    /// for a duplicate in flight holds no thread. An error in the call's own values (the key,
+    /// the key fields) is returned at once and `done` is not called.
+    pub fn begin_then<F>(
+        &self,
+        key: &str,
+        tool: &str,
+        args: &Value,
+        fields: Option<&KeyFields>,
+        policy: &ToolPolicy,
+        done: F,
+    ) -> Result<(), EmbedError>
+    where
+        F: FnOnce(Result<Started, EmbedError>) + Send + 'static,
+    {
+        let (key, fingerprint) = claim_of(key, tool, args, fields)?;
+        let Bound { host, engine, .. } = self.bound()?;
+        let policy = policy.0.clone();
+        host.clone().spawn(async move {
+            done(Self::claimed(&engine, host, key, fingerprint, &policy).await);
+        });
+        Ok(())
+    }
+
     fn claim(
         &self,
         key: Key,
@@ -212,7 +236,20 @@ impl Store {
         policy: &ToolPolicy,
     ) -> Result<Started, EmbedError> {
         let Bound { host, engine, .. } = self.bound()?;
-        let begun = host.block_on(engine.begin::<()>(tool_scope(), key, fingerprint, &policy.0))?;
+        host.clone()
+            .block_on(Self::claimed(&engine, host, key, fingerprint, &policy.0))
+    }
+
+    async fn claimed(
+        engine: &Engine<AnyStore>,
+        host: Arc<Host>,
+        key: Key,
+        fingerprint: Fingerprint,
+        policy: &Policy,
+    ) -> Result<Started, EmbedError> {
+        let begun = engine
+            .begin::<()>(tool_scope(), key, fingerprint, policy)
+            .await?;
         Ok(match begun {
             Begun::Execute(execution) => Started::Execute(Ticket { execution, host }),
             Begun::Answered(answer) => Started::Prior(Prior::of(answer)),
@@ -228,6 +265,19 @@ impl Store {
         let record = host.block_on(idem_core::Store::get(engine.store(), &scope, &key))?;
         Ok(record.map(|r| Prior::from_record(PriorKind::Found, &r)))
     }
+}
+
+/// The key and fingerprint of a call of `tool` with `args` under an explicit `key` (the
+/// fingerprint over the key fields only, when given).
+fn claim_of(
+    key: &str,
+    tool: &str,
+    args: &Value,
+    fields: Option<&KeyFields>,
+) -> Result<(Key, Fingerprint), EmbedError> {
+    let key = Key::new(key)?;
+    let args = key_args(args, fields)?;
+    Ok((key, Fingerprint::json_call(tool, &args)))
 }
 
 /// What [`Store::begin`] came to.
@@ -285,6 +335,23 @@ impl Ticket {
     /// Keeps what the function reported (blocking), and wakes duplicates waiting in this
     /// process.
     pub fn finish(self, report: Report) -> Result<Saved, EmbedError> {
+        // The host that began it: a ticket never crosses a fork (the child has no heartbeat).
+        let host = self.host.clone();
+        Ok(host.block_on(self.finished(report)))
+    }
+
+    /// As [`Ticket::finish`], without blocking the calling thread: the completion runs as a
+    /// task on the runtime that began the call, and `done` gets what became of the report,
+    /// on one of the runtime's threads (see [`Store::begin_then`]).
+    pub fn finish_then<F>(self, report: Report, done: F)
+    where
+        F: FnOnce(Saved) + Send + 'static,
+    {
+        let host = self.host.clone();
+        host.spawn(async move { done(self.finished(report).await) });
+    }
+
+    async fn finished(self, report: Report) -> Saved {
         let effect = match report {
             Report::Result {
                 status,
@@ -298,20 +365,17 @@ impl Ticket {
             Report::NotRun => Effect::NotSent,
             Report::Unknown => Effect::Unknown,
         };
-        // The host that began it: a ticket never crosses a fork (the child has no heartbeat).
-        Ok(
-            match self.host.block_on(self.execution.finish(effect, ())) {
-                Answer::Executed { kept, .. } => match kept {
-                    Kept::Stored => Saved::Stored,
-                    Kept::Released => Saved::Released,
-                    Kept::Lost(e) => Saved::Lost(e.to_string()),
-                },
-                Answer::NotSent(()) => Saved::Released,
-                Answer::Unknown(()) => Saved::MarkedUnknown,
-                // `finish` answers only for an execution; keep the result's fate honest anyway.
-                other => Saved::Lost(format!("unexpected answer {:?}", other.outcome())),
+        match self.execution.finish(effect, ()).await {
+            Answer::Executed { kept, .. } => match kept {
+                Kept::Stored => Saved::Stored,
+                Kept::Released => Saved::Released,
+                Kept::Lost(e) => Saved::Lost(e.to_string()),
             },
-        )
+            Answer::NotSent(()) => Saved::Released,
+            Answer::Unknown(()) => Saved::MarkedUnknown,
+            // `finish` answers only for an execution; keep the result's fate honest anyway.
+            other => Saved::Lost(format!("unexpected answer {:?}", other.outcome())),
+        }
     }
 }
 

@@ -182,6 +182,17 @@ impl Host {
         self.runtime.block_on(f)
     }
 
+    /// Runs `f` as a task on the runtime, for a caller that must not block (Node's event
+    /// loop): the call then crosses threads only to the runtime and back, where blocking
+    /// from a thread of the caller's own pool would add a hop to that thread and back.
+    pub(crate) fn spawn<F>(&self, f: F)
+    where
+        F: Future<Output = ()> + Send + 'static,
+    {
+        // Detached: the task reports through what `f` does when it ends.
+        drop(self.runtime.spawn(f));
+    }
+
     /// The engine of a store URL, opened (and its schema created) on first use. Relative
     /// SQLite paths are resolved against the working directory at that moment.
     pub fn engine(&self, url: &str) -> Result<Engine<AnyStore>, EmbedError> {

@@ -292,40 +292,70 @@ impl HttpFront {
     /// duplicate in flight), or answers what the store holds. Never an error: a store that
     /// cannot be used is `store-unavailable`, and the handler does not run.
     pub fn begin(&self, keyed: Keyed, body: &[u8]) -> Begun {
+        match self.beginning(keyed, body) {
+            Ok((host, claiming)) => host.block_on(claiming),
+            Err(reply) => reply,
+        }
+    }
+
+    /// As [`HttpFront::begin`], without blocking the calling thread: the claim runs as a
+    /// task on the process's runtime and `done` gets what it came to, on one of the
+    /// runtime's threads (or on this thread, when the store cannot be used at all). For a
+    /// host that must not block (Node's event loop); a wait holds no thread.
+    pub fn begin_then<F>(&self, keyed: Keyed, body: &[u8], done: F)
+    where
+        F: FnOnce(Begun) + Send + 'static,
+    {
+        match self.beginning(keyed, body) {
+            Ok((host, claiming)) => host.spawn(async move { done(claiming.await) }),
+            Err(reply) => done(reply),
+        }
+    }
+
+    /// The claim of [`HttpFront::begin`], to run on the returned host's runtime; or the
+    /// reply at once when the store cannot be used.
+    fn beginning(
+        &self,
+        keyed: Keyed,
+        body: &[u8],
+    ) -> Result<(Arc<Host>, impl Future<Output = Begun> + Send + 'static), Begun> {
         let fingerprint = fingerprint(&keyed, body);
-        let (host, engine) = match self.engine() {
-            Ok(pair) => pair,
-            Err(e) => {
-                tracing::warn!(error = %e, "the idempotency store cannot be used; request not executed");
-                return Begun::Reply(self.front.store_unavailable().into());
+        let (host, engine) = self.engine().map_err(|e| {
+            tracing::warn!(error = %e, "the idempotency store cannot be used; request not executed");
+            Begun::Reply(self.front.store_unavailable().into())
+        })?;
+        let policy = self.front.policy(&keyed.keyed).engine.clone();
+        let (front, inline, on) = (self.front.clone(), self.memory, host.clone());
+        let claiming = async move {
+            let begun = engine
+                .begin::<()>(
+                    keyed.keyed.scope.clone(),
+                    keyed.keyed.key.clone(),
+                    fingerprint,
+                    &policy,
+                )
+                .await;
+            match begun {
+                Ok(EngineBegun::Execute(execution)) => Begun::Execute(HttpExecution {
+                    execution: Box::new(execution),
+                    host: on,
+                    anonymous: keyed.keyed.anonymous(),
+                    front,
+                    inline,
+                }),
+                Ok(EngineBegun::Answered(answer)) => Begun::Reply(
+                    front
+                        .prior(&keyed.keyed, &answer)
+                        .unwrap_or_else(|| front.store_unavailable())
+                        .into(),
+                ),
+                Err(e) => {
+                    tracing::warn!(error = %e, "the idempotency store cannot be used; request not executed");
+                    Begun::Reply(front.store_unavailable().into())
+                }
             }
         };
-        let policy = &self.front.policy(&keyed.keyed).engine;
-        let begun = host.block_on(engine.begin::<()>(
-            keyed.keyed.scope.clone(),
-            keyed.keyed.key.clone(),
-            fingerprint,
-            policy,
-        ));
-        match begun {
-            Ok(EngineBegun::Execute(execution)) => Begun::Execute(HttpExecution {
-                execution: Box::new(execution),
-                host,
-                front: self.front.clone(),
-                anonymous: keyed.keyed.anonymous(),
-                inline: self.memory,
-            }),
-            Ok(EngineBegun::Answered(answer)) => Begun::Reply(
-                self.front
-                    .prior(&keyed.keyed, &answer)
-                    .unwrap_or_else(|| self.front.store_unavailable())
-                    .into(),
-            ),
-            Err(e) => {
-                tracing::warn!(error = %e, "the idempotency store cannot be used; request not executed");
-                Begun::Reply(self.front.store_unavailable().into())
-            }
-        }
+        Ok((host, claiming))
     }
 
     /// This process's engine for the store, with the completed-record cache.
@@ -379,6 +409,28 @@ impl HttpExecution {
     /// blocking. Answers what the caller is sent: the response, with the headers withheld from
     /// the record in the anonymous scope. A header that is not HTTP is not stored or sent.
     pub fn finish(self, status: u16, headers: &[(String, Vec<u8>)], body: Vec<u8>) -> Reply {
+        let host = self.host.clone();
+        host.block_on(self.finishing(status, headers, body))
+    }
+
+    /// As [`HttpExecution::finish`], without blocking the calling thread: the completion runs
+    /// as a task on the runtime that began the request, and `done` gets the reply, on one
+    /// of its threads (see [`HttpFront::begin_then`]).
+    pub fn finish_then<F>(self, status: u16, headers: &[(String, Vec<u8>)], body: Vec<u8>, done: F)
+    where
+        F: FnOnce(Reply) + Send + 'static,
+    {
+        let host = self.host.clone();
+        let finishing = self.finishing(status, headers, body);
+        host.spawn(async move { done(finishing.await) });
+    }
+
+    fn finishing(
+        self,
+        status: u16,
+        headers: &[(String, Vec<u8>)],
+        body: Vec<u8>,
+    ) -> impl Future<Output = Reply> + Send + 'static {
         let status = StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
         let mut map = HeaderMap::with_capacity(headers.len());
         for (name, value) in headers {
@@ -392,15 +444,18 @@ impl HttpExecution {
         let captured = self
             .front
             .capture(self.anonymous, status, &map, Bytes::from(body));
-        let answer = self
-            .host
-            .block_on(self.execution.finish(Effect::Done(captured.stored), ()));
-        match answer {
-            Answer::Executed { response, .. } => {
-                self.front.executed(&response, &captured.withheld).into()
+        async move {
+            let answer = self
+                .execution
+                .finish(Effect::Done(captured.stored), ())
+                .await;
+            match answer {
+                Answer::Executed { response, .. } => {
+                    self.front.executed(&response, &captured.withheld).into()
+                }
+                // The engine answers an execution it was told `Done` only as executed.
+                _ => self.front.store_unavailable().into(),
             }
-            // The engine answers an execution it was told `Done` only as executed.
-            _ => self.front.store_unavailable().into(),
         }
     }
 
@@ -408,9 +463,8 @@ impl HttpExecution {
     /// going away mid-request: whatever it did is unknown, so the record is marked abandoned
     /// at once, never released ([design §4](docs/design.md#4-which-results-are-kept)).
     pub fn unknown(self) {
-        let _ = self
-            .host
-            .block_on(self.execution.finish::<()>(Effect::Unknown, ()));
+        let host = self.host.clone();
+        host.block_on(self.marked_unknown());
     }
 
     /// The response broke off or was over [`HttpExecution::max_response`]: marked unknown, as
@@ -419,5 +473,32 @@ impl HttpExecution {
         let front = self.front.clone();
         self.unknown();
         front.response_failed().into()
+    }
+
+    /// As [`HttpExecution::unknown`], without blocking the calling thread: `done` is called
+    /// once the record is marked, on one of the runtime's threads.
+    pub fn unknown_then<F>(self, done: F)
+    where
+        F: FnOnce() + Send + 'static,
+    {
+        let host = self.host.clone();
+        host.spawn(async move {
+            self.marked_unknown().await;
+            done();
+        });
+    }
+
+    /// As [`HttpExecution::failed`], without blocking the calling thread: `done` gets
+    /// `response-failed` once the record is marked, on one of the runtime's threads.
+    pub fn failed_then<F>(self, done: F)
+    where
+        F: FnOnce(Reply) + Send + 'static,
+    {
+        let front = self.front.clone();
+        self.unknown_then(move || done(front.response_failed().into()));
+    }
+
+    async fn marked_unknown(self) {
+        let _ = self.execution.finish::<()>(Effect::Unknown, ()).await;
     }
 }

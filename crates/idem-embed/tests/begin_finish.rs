@@ -199,3 +199,71 @@ fn bad_values_are_refused_before_anything_runs() {
             .is_err()
     );
 }
+
+/// The halves that do not block (`begin_then`, `finish_then`: Node's event loop calls them)
+/// come to what the blocking ones do, and a duplicate waiting through them holds no thread:
+/// more waiters than the runtime has workers all get the first call's result, which a wait
+/// that blocked a worker would have held back until their wait ran out.
+#[test]
+fn the_halves_that_do_not_block_answer_alike_and_their_waits_hold_no_thread() {
+    each_store(|store| {
+        let (tx, rx) = std::sync::mpsc::channel();
+        let begin = |key: &str, wait: Option<Duration>, tx: std::sync::mpsc::Sender<_>| {
+            store
+                .begin_then(
+                    key,
+                    "charge",
+                    &json!({"a": 1}),
+                    None,
+                    &policy(wait),
+                    move |r| {
+                        tx.send(r.expect("the store answers"))
+                            .expect("the test listens");
+                    },
+                )
+                .expect("a valid call");
+        };
+        begin("k-then", None, tx.clone());
+        let Started::Execute(ticket) = rx.recv_timeout(Duration::from_secs(5)).expect("answered")
+        else {
+            panic!("the first call executes");
+        };
+        // Eight duplicates wait (the runtime has two workers) while the first runs.
+        for _ in 0..8 {
+            begin("k-then", Some(Duration::from_secs(10)), tx.clone());
+        }
+        std::thread::sleep(Duration::from_millis(100));
+        assert!(
+            rx.try_recv().is_err(),
+            "the duplicates wait for the first call"
+        );
+        let (saved_tx, saved_rx) = std::sync::mpsc::channel();
+        ticket.finish_then(returned(r#"{"id":"ch_then"}"#), move |s| {
+            saved_tx.send(s).expect("the test listens");
+        });
+        assert_eq!(
+            saved_rx
+                .recv_timeout(Duration::from_secs(5))
+                .expect("finished"),
+            Saved::Stored
+        );
+        for _ in 0..8 {
+            match rx
+                .recv_timeout(Duration::from_secs(5))
+                .expect("every waiter is answered")
+            {
+                Started::Prior(p) => {
+                    assert_eq!(p.kind, PriorKind::Replayed);
+                    assert_eq!(p.body.as_deref(), Some(&br#"{"id":"ch_then"}"#[..]));
+                }
+                Started::Execute(_) => panic!("a duplicate executed"),
+            }
+        }
+        // A value of the call's own that is wrong is refused at once, and `done` never runs.
+        let refused =
+            store.begin_then("bad key", "charge", &json!({}), None, &policy(None), |_| {
+                panic!("done must not run for a refused call")
+            });
+        assert!(refused.is_err());
+    });
+}
