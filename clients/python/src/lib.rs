@@ -7,7 +7,10 @@
 //! Errors are the package's typed exceptions from `idem_runtime.errors`, so a caller catches
 //! one hierarchy whether the error came from Python or from here.
 
-use std::sync::Mutex;
+use std::io::{Read, Write};
+use std::os::fd::AsRawFd;
+use std::os::unix::net::UnixStream;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use idem_embed::{EmbedError, KeyFields as Fields, Prior as NativePrior, Report, Saved, Started};
@@ -45,6 +48,15 @@ pub(crate) fn raise(py: Python<'_>, e: EmbedError) -> PyErr {
 
 fn parse_args(py: Python<'_>, args_json: &str) -> PyResult<serde_json::Value> {
     idem_embed::parse_args(args_json).map_err(|e| raise(py, e))
+}
+
+/// A call's arguments: JSON text (a `str`) parsed, or the bound arguments themselves when
+/// they are plain types only (`None` otherwise: the caller passes their JSON text instead).
+fn call_args(py: Python<'_>, args: &Bound<'_, PyAny>) -> PyResult<Option<serde_json::Value>> {
+    match args.cast_exact::<PyString>() {
+        Ok(text) => parse_args(py, &text.to_cow()?).map(Some),
+        Err(_) => Ok(values::plain_value(args)),
+    }
 }
 
 /// The fields a key is derived from, parsed and checked once.
@@ -196,12 +208,8 @@ impl Store {
         key_fields: Option<&KeyFields>,
         policy: &Policy,
     ) -> PyResult<Option<(String, Py<PyAny>)>> {
-        let args = match args.cast_exact::<PyString>() {
-            Ok(text) => parse_args(py, &text.to_cow()?)?,
-            Err(_) => match values::plain_value(args) {
-                Some(v) => v,
-                None => return Ok(None),
-            },
+        let Some(args) = call_args(py, args)? else {
+            return Ok(None);
         };
         let fields = key_fields.map(|f| &f.0);
         let claimed = py
@@ -213,11 +221,139 @@ impl Store {
         Ok(Some((claimed.key, started_object(py, claimed.started)?)))
     }
 
+    /// As `start`, without blocking: the claim runs as a task on idem's runtime, which leaves
+    /// `(key, Ticket | Prior)`, or the exception, in `mailbox` under `token` (see
+    /// `Mailbox`). For asyncio, whose loop must not wait on a store. Answers `False` (and
+    /// starts nothing) when `args` are not plain types only, as `start` answers `None`; an
+    /// error in the call's own values (the key, the key fields) is raised at once.
+    #[pyo3(signature = (key, scope, tool, args, ordinal, secret, key_fields, policy, mailbox, token))]
+    #[allow(clippy::too_many_arguments)]
+    fn start_then(
+        &self,
+        py: Python<'_>,
+        key: Option<&str>,
+        scope: &str,
+        tool: &str,
+        args: &Bound<'_, PyAny>,
+        ordinal: u64,
+        secret: Option<&[u8]>,
+        key_fields: Option<&KeyFields>,
+        policy: &Policy,
+        mailbox: &Mailbox,
+        token: u64,
+    ) -> PyResult<bool> {
+        let Some(args) = call_args(py, args)? else {
+            return Ok(false);
+        };
+        let fields = key_fields.map(|f| &f.0);
+        let slots = mailbox.0.clone();
+        self.0
+            .start_then(
+                key,
+                scope,
+                tool,
+                &args,
+                ordinal,
+                secret,
+                fields,
+                &policy.0,
+                move |r| slots.post(token, Delivery::Claim(Box::new(r))),
+            )
+            .map_err(|e| raise(py, e))?;
+        Ok(true)
+    }
+
     /// The record of `key`, or `None`.
     fn record(&self, py: Python<'_>, key: &str) -> PyResult<Option<Prior>> {
         py.detach(|| self.0.record(key))
             .map(|p| p.map(Prior))
             .map_err(|e| raise(py, e))
+    }
+}
+
+/// Where idem's runtime leaves the answers of one event loop's `*_then` calls, and the file
+/// descriptor the loop watches for them (`loop.add_reader(mailbox.fileno(), ...)`, then
+/// `drain`). The runtime's threads never take the GIL: they queue the answer and, when the
+/// queue was empty, write a byte to wake the loop, which converts the answers to Python
+/// values itself. (Delivering with the GIL from the runtime's threads cost a thread state per
+/// answer, and one such thread still releasing it as the interpreter began to finalize
+/// aborted the process.)
+#[pyclass(module = "idem_runtime._native", frozen)]
+struct Mailbox(Arc<Slots>);
+
+/// A mailbox's queue and its socket pair.
+struct Slots {
+    queue: Mutex<Vec<(u64, Delivery)>>,
+    /// Written by the runtime (non-blocking: a byte already waiting wakes the loop as well).
+    wake: UnixStream,
+    /// Watched by the loop.
+    woken: UnixStream,
+}
+
+/// What a `*_then` call came to.
+enum Delivery {
+    Claim(Box<Result<idem_embed::Claimed, EmbedError>>),
+    Saved(Saved),
+}
+
+impl Slots {
+    fn post(&self, token: u64, delivery: Delivery) {
+        let mut queue = self.queue.lock().unwrap_or_else(PoisonError::into_inner);
+        queue.push((token, delivery));
+        if queue.len() == 1 {
+            // The loop drains the whole queue per wake-up: one byte per empty-to-full turn.
+            // A write that fails (the loop's side closed, or bytes already waiting) needs none.
+            let _ = (&self.wake).write(&[1]);
+        }
+    }
+}
+
+#[pymethods]
+impl Mailbox {
+    #[new]
+    fn new() -> PyResult<Self> {
+        let (wake, woken) = UnixStream::pair()?;
+        wake.set_nonblocking(true)?;
+        woken.set_nonblocking(true)?;
+        Ok(Mailbox(Arc::new(Slots {
+            queue: Mutex::new(Vec::new()),
+            wake,
+            woken,
+        })))
+    }
+
+    /// The descriptor that becomes readable when answers are waiting.
+    fn fileno(&self) -> i32 {
+        self.0.woken.as_raw_fd()
+    }
+
+    /// The answers waiting, as `(token, ok, value)`: `value` is the call's answer, or (`ok`
+    /// false) the exception it came to.
+    fn drain(&self, py: Python<'_>) -> PyResult<Vec<(u64, bool, Py<PyAny>)>> {
+        let mut bytes = [0u8; 64];
+        while matches!((&self.0.woken).read(&mut bytes), Ok(n) if n > 0) {}
+        let waiting =
+            std::mem::take(&mut *self.0.queue.lock().unwrap_or_else(PoisonError::into_inner));
+        waiting
+            .into_iter()
+            .map(|(token, delivery)| {
+                let value: PyResult<Py<PyAny>> = match delivery {
+                    Delivery::Claim(claim) => match *claim {
+                        Ok(claimed) => started_object(py, claimed.started).and_then(|s| {
+                            Ok((claimed.key, s).into_pyobject(py)?.into_any().unbind())
+                        }),
+                        Err(e) => Err(raise(py, e)),
+                    },
+                    Delivery::Saved(saved) => {
+                        Ok(saved_text(saved).into_pyobject(py)?.into_any().unbind())
+                    }
+                };
+                Ok(match value {
+                    Ok(v) => (token, true, v),
+                    Err(e) => (token, false, e.into_value(py).into_any()),
+                })
+            })
+            .collect()
     }
 }
 
@@ -233,22 +369,41 @@ fn started_object(py: Python<'_>, started: Started) -> PyResult<Py<PyAny>> {
 struct Ticket(Mutex<Option<idem_embed::Ticket>>);
 
 impl Ticket {
-    fn finish(&self, py: Python<'_>, report: Report) -> PyResult<String> {
-        let ticket = self
-            .0
+    fn take(&self) -> PyResult<idem_embed::Ticket> {
+        self.0
             .lock()
             .map_err(|_| PyRuntimeError::new_err("ticket lock poisoned"))?
             .take()
-            .ok_or_else(|| PyRuntimeError::new_err("this ticket was already finished"))?;
+            .ok_or_else(|| PyRuntimeError::new_err("this ticket was already finished"))
+    }
+
+    fn finish(&self, py: Python<'_>, report: Report) -> PyResult<String> {
+        let ticket = self.take()?;
         let saved = py
             .detach(move || ticket.finish(report))
             .map_err(|e| raise(py, e))?;
-        Ok(match saved {
-            Saved::Stored => "stored".into(),
-            Saved::Released => "released".into(),
-            Saved::MarkedUnknown => "unknown".into(),
-            Saved::Lost(why) => format!("lost: {why}"),
-        })
+        Ok(saved_text(saved))
+    }
+
+    /// `finish` without blocking: what became of the report is left in `mailbox` under
+    /// `token` (none: nobody waits for it).
+    fn finish_then(&self, report: Report, mailbox: Option<&Mailbox>, token: u64) -> PyResult<()> {
+        let slots = mailbox.map(|m| m.0.clone());
+        self.take()?.finish_then(report, move |saved| {
+            if let Some(slots) = slots {
+                slots.post(token, Delivery::Saved(saved));
+            }
+        });
+        Ok(())
+    }
+}
+
+fn saved_text(saved: Saved) -> String {
+    match saved {
+        Saved::Stored => "stored".into(),
+        Saved::Released => "released".into(),
+        Saved::MarkedUnknown => "unknown".into(),
+        Saved::Lost(why) => format!("lost: {why}"),
     }
 }
 
@@ -281,6 +436,37 @@ impl Ticket {
     /// Marks the outcome unknown: the record reads as abandoned.
     fn finish_unknown(&self, py: Python<'_>) -> PyResult<String> {
         self.finish(py, Report::Unknown)
+    }
+
+    /// As `finish_result`, without blocking: what became of it is left in `mailbox` under
+    /// `token` (see `Store.start_then`).
+    #[pyo3(signature = (status, body, media_type, mailbox, token))]
+    fn finish_result_then(
+        &self,
+        status: u16,
+        body: Vec<u8>,
+        media_type: String,
+        mailbox: Option<&Mailbox>,
+        token: u64,
+    ) -> PyResult<()> {
+        let report = Report::Result {
+            status,
+            body,
+            media_type,
+        };
+        self.finish_then(report, mailbox, token)
+    }
+
+    /// As `finish_not_run`, without blocking (see `finish_result_then`).
+    #[pyo3(signature = (mailbox, token))]
+    fn finish_not_run_then(&self, mailbox: Option<&Mailbox>, token: u64) -> PyResult<()> {
+        self.finish_then(Report::NotRun, mailbox, token)
+    }
+
+    /// As `finish_unknown`, without blocking (see `finish_result_then`).
+    #[pyo3(signature = (mailbox, token))]
+    fn finish_unknown_then(&self, mailbox: Option<&Mailbox>, token: u64) -> PyResult<()> {
+        self.finish_then(Report::Unknown, mailbox, token)
     }
 }
 
@@ -389,6 +575,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Store>()?;
     m.add_class::<Ticket>()?;
     m.add_class::<Prior>()?;
+    m.add_class::<Mailbox>()?;
     m.add_class::<http::Front>()?;
     m.add_class::<http::HttpKeyed>()?;
     m.add_class::<http::HttpExecution>()?;

@@ -1,24 +1,37 @@
 """Adversarial: more duplicates of one call in flight, in one event loop, than the loop's
-default executor has threads. Each waiting duplicate holds an executor thread; the first
-call's finish was queued behind them, so it could not store its result until their ``wait``
-ran out, and every one of them failed with ``InFlightError``."""
+default executor has threads. When claims ran on that executor, each waiting duplicate held
+one of its threads and the first call's finish was queued behind them, so it could not store
+its result until their ``wait`` ran out, and every one of them failed with
+``InFlightError``. Claims and finishes now run as tasks on idem's runtime and reach the loop
+through its mailbox (``_decorator._Mailbox``); these check that no number of waiters holds
+anything the first call needs, on a store without I/O and on Redis, and that two event loops
+in two threads each get their own answers."""
 
 from __future__ import annotations
 
 import asyncio
 import os
+import threading
 import unittest
 import uuid
 
 from idem_runtime import idempotent
 
 
+REDIS = "redis://127.0.0.1:6379/0?durability=volatile&prefix=idem-py-attack-executor"
+
+
 class ManyWaitingDuplicates(unittest.TestCase):
     def test_duplicates_beyond_the_executor_size_all_get_the_result(self):
+        for store in ("memory:", REDIS):
+            with self.subTest(store=store):
+                self.duplicates_all_get_the_result(store)
+
+    def duplicates_all_get_the_result(self, store: str) -> None:
         ran = []
         workers = min(32, (os.cpu_count() or 1) + 4)  # ThreadPoolExecutor's default
 
-        @idempotent(store="memory:", scope="t" + uuid.uuid4().hex, wait=20)
+        @idempotent(store=store, scope="t" + uuid.uuid4().hex, wait=20)
         async def op(x: int) -> int:
             ran.append(x)
             await asyncio.sleep(0.2)
@@ -33,6 +46,34 @@ class ManyWaitingDuplicates(unittest.TestCase):
         results = asyncio.run(main())
         self.assertEqual(ran, [1])
         self.assertEqual([r for r in results if r != 1], [])
+
+    def test_two_loops_in_two_threads_each_get_their_own_answers(self):
+        scope = "t" + uuid.uuid4().hex
+
+        @idempotent(store=REDIS, scope=scope)
+        async def double(x: int) -> int:
+            await asyncio.sleep(0)
+            return 2 * x
+
+        async def calls(base: int):
+            # New keys, then each again (replays), interleaved with the other loop's.
+            firsts = await asyncio.gather(*(double(base + i) for i in range(50)))
+            again = await asyncio.gather(*(double(base + i) for i in range(50)))
+            return firsts, again
+
+        results = {}
+
+        def run(base: int) -> None:
+            results[base] = asyncio.run(calls(base))
+
+        threads = [threading.Thread(target=run, args=(b,)) for b in (0, 1000)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        for base in (0, 1000):
+            expected = [2 * (base + i) for i in range(50)]
+            self.assertEqual(results[base], (expected, expected))
 
 
 if __name__ == "__main__":

@@ -193,14 +193,37 @@ impl Store {
         fields: Option<&KeyFields>,
         policy: &ToolPolicy,
     ) -> Result<Claimed, EmbedError> {
-        let args = key_args(args, fields)?;
-        let key = match key {
-            Some(k) => Key::new(k)?,
-            None => idem_keys::derive(scope, tool, &args, ordinal, secret)?,
-        };
+        let (key, fingerprint) = derived(key, scope, tool, args, ordinal, secret, fields)?;
         let text = key.as_str().to_owned();
-        let started = self.claim(key, Fingerprint::json_call(tool, &args), policy)?;
+        let started = self.claim(key, fingerprint, policy)?;
         Ok(Claimed { key: text, started })
+    }
+
+    /// As [`Store::start`], without blocking the calling thread: the claim runs as a task on
+    /// the process's runtime and `done` gets what it came to, as [`Store::begin_then`]. For an
+    /// asynchronous host (Python's asyncio), whose event loop must not block. The key is
+    /// derived at once, and an error in the call's own values is returned at once.
+    #[allow(clippy::too_many_arguments)]
+    pub fn start_then<F>(
+        &self,
+        key: Option<&str>,
+        scope: &str,
+        tool: &str,
+        args: &Value,
+        ordinal: u64,
+        secret: Option<&[u8]>,
+        fields: Option<&KeyFields>,
+        policy: &ToolPolicy,
+        done: F,
+    ) -> Result<(), EmbedError>
+    where
+        F: FnOnce(Result<Claimed, EmbedError>) + Send + 'static,
+    {
+        let (key, fingerprint) = derived(key, scope, tool, args, ordinal, secret, fields)?;
+        let text = key.as_str().to_owned();
+        self.claim_then(key, fingerprint, policy, move |r| {
+            done(r.map(|started| Claimed { key: text, started }));
+        })
     }
 
     /// As [`Store::begin`], without blocking the calling thread: the claim runs as a task on
@@ -221,6 +244,19 @@ impl Store {
         F: FnOnce(Result<Started, EmbedError>) + Send + 'static,
     {
         let (key, fingerprint) = claim_of(key, tool, args, fields)?;
+        self.claim_then(key, fingerprint, policy, done)
+    }
+
+    fn claim_then<F>(
+        &self,
+        key: Key,
+        fingerprint: Fingerprint,
+        policy: &ToolPolicy,
+        done: F,
+    ) -> Result<(), EmbedError>
+    where
+        F: FnOnce(Result<Started, EmbedError>) + Send + 'static,
+    {
         let Bound { host, engine, .. } = self.bound()?;
         let policy = policy.0.clone();
         host.clone().spawn(async move {
@@ -277,6 +313,25 @@ fn claim_of(
 ) -> Result<(Key, Fingerprint), EmbedError> {
     let key = Key::new(key)?;
     let args = key_args(args, fields)?;
+    Ok((key, Fingerprint::json_call(tool, &args)))
+}
+
+/// The key of a call (`key`, a caller's explicit one, or derived from the selected
+/// arguments) and its fingerprint over the same selection.
+fn derived(
+    key: Option<&str>,
+    scope: &str,
+    tool: &str,
+    args: &Value,
+    ordinal: u64,
+    secret: Option<&[u8]>,
+    fields: Option<&KeyFields>,
+) -> Result<(Key, Fingerprint), EmbedError> {
+    let args = key_args(args, fields)?;
+    let key = match key {
+        Some(k) => Key::new(k)?,
+        None => idem_keys::derive(scope, tool, &args, ordinal, secret)?,
+    };
     Ok((key, Fingerprint::json_call(tool, &args)))
 }
 
