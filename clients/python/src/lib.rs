@@ -7,10 +7,7 @@
 //! Errors are the package's typed exceptions from `idem_runtime.errors`, so a caller catches
 //! one hierarchy whether the error came from Python or from here.
 
-use std::io::{Read, Write};
-use std::os::fd::AsRawFd;
-use std::os::unix::net::UnixStream;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::Mutex;
 use std::time::Duration;
 
 use idem_embed::{EmbedError, KeyFields as Fields, Prior as NativePrior, Report, Saved, Started};
@@ -19,7 +16,10 @@ use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyString};
 
 mod http;
+mod mailbox;
 mod values;
+
+use mailbox::{Delivery, Mailbox};
 
 /// Raises `idem_runtime.errors.<name>(message)`.
 fn typed(py: Python<'_>, name: &str, message: String) -> PyErr {
@@ -271,93 +271,7 @@ impl Store {
     }
 }
 
-/// Where idem's runtime leaves the answers of one event loop's `*_then` calls, and the file
-/// descriptor the loop watches for them (`loop.add_reader(mailbox.fileno(), ...)`, then
-/// `drain`). The runtime's threads never take the GIL: they queue the answer and, when the
-/// queue was empty, write a byte to wake the loop, which converts the answers to Python
-/// values itself. (Delivering with the GIL from the runtime's threads cost a thread state per
-/// answer, and one such thread still releasing it as the interpreter began to finalize
-/// aborted the process.)
-#[pyclass(module = "idem_runtime._native", frozen)]
-struct Mailbox(Arc<Slots>);
-
-/// A mailbox's queue and its socket pair.
-struct Slots {
-    queue: Mutex<Vec<(u64, Delivery)>>,
-    /// Written by the runtime (non-blocking: a byte already waiting wakes the loop as well).
-    wake: UnixStream,
-    /// Watched by the loop.
-    woken: UnixStream,
-}
-
-/// What a `*_then` call came to.
-enum Delivery {
-    Claim(Box<Result<idem_embed::Claimed, EmbedError>>),
-    Saved(Saved),
-}
-
-impl Slots {
-    fn post(&self, token: u64, delivery: Delivery) {
-        let mut queue = self.queue.lock().unwrap_or_else(PoisonError::into_inner);
-        queue.push((token, delivery));
-        if queue.len() == 1 {
-            // The loop drains the whole queue per wake-up: one byte per empty-to-full turn.
-            // A write that fails (the loop's side closed, or bytes already waiting) needs none.
-            let _ = (&self.wake).write(&[1]);
-        }
-    }
-}
-
-#[pymethods]
-impl Mailbox {
-    #[new]
-    fn new() -> PyResult<Self> {
-        let (wake, woken) = UnixStream::pair()?;
-        wake.set_nonblocking(true)?;
-        woken.set_nonblocking(true)?;
-        Ok(Mailbox(Arc::new(Slots {
-            queue: Mutex::new(Vec::new()),
-            wake,
-            woken,
-        })))
-    }
-
-    /// The descriptor that becomes readable when answers are waiting.
-    fn fileno(&self) -> i32 {
-        self.0.woken.as_raw_fd()
-    }
-
-    /// The answers waiting, as `(token, ok, value)`: `value` is the call's answer, or (`ok`
-    /// false) the exception it came to.
-    fn drain(&self, py: Python<'_>) -> PyResult<Vec<(u64, bool, Py<PyAny>)>> {
-        let mut bytes = [0u8; 64];
-        while matches!((&self.0.woken).read(&mut bytes), Ok(n) if n > 0) {}
-        let waiting =
-            std::mem::take(&mut *self.0.queue.lock().unwrap_or_else(PoisonError::into_inner));
-        waiting
-            .into_iter()
-            .map(|(token, delivery)| {
-                let value: PyResult<Py<PyAny>> = match delivery {
-                    Delivery::Claim(claim) => match *claim {
-                        Ok(claimed) => started_object(py, claimed.started).and_then(|s| {
-                            Ok((claimed.key, s).into_pyobject(py)?.into_any().unbind())
-                        }),
-                        Err(e) => Err(raise(py, e)),
-                    },
-                    Delivery::Saved(saved) => {
-                        Ok(saved_text(saved).into_pyobject(py)?.into_any().unbind())
-                    }
-                };
-                Ok(match value {
-                    Ok(v) => (token, true, v),
-                    Err(e) => (token, false, e.into_value(py).into_any()),
-                })
-            })
-            .collect()
-    }
-}
-
-fn started_object(py: Python<'_>, started: Started) -> PyResult<Py<PyAny>> {
+pub(crate) fn started_object(py: Python<'_>, started: Started) -> PyResult<Py<PyAny>> {
     match started {
         Started::Execute(t) => Ok(Py::new(py, Ticket(Mutex::new(Some(t))))?.into_any()),
         Started::Prior(p) => Ok(Py::new(py, Prior(p))?.into_any()),
@@ -398,7 +312,7 @@ impl Ticket {
     }
 }
 
-fn saved_text(saved: Saved) -> String {
+pub(crate) fn saved_text(saved: Saved) -> String {
     match saved {
         Saved::Stored => "stored".into(),
         Saved::Released => "released".into(),

@@ -23,17 +23,16 @@ import dataclasses
 import datetime
 import functools
 import inspect
-import itertools
 import json
 import logging
 import os
 import threading
-import weakref
 from typing import Any, Callable, Optional, Sequence, Tuple, Type, Union
 
 from . import _native, _otel
 from ._codec import JSON, Codec
 from ._keys import KEY_ARGUMENT, Binder, args_json, field_roots, parse_key_fields
+from ._mailbox import later, mailbox
 from ._scope import Scope, current_scope
 from .errors import (
     ConfigurationError,
@@ -477,48 +476,9 @@ def _sync_wrapper(t: _Tool) -> Callable[..., Any]:
 
 
 # The coroutine path: the engine's halves run as tasks on idem's runtime (the native
-# ``*_then`` calls), which leave their answers in the loop's mailbox and wake the loop through
-# its descriptor. No thread of the loop's executor waits on a store, so duplicates waiting for
-# a call in flight hold no thread, and the call that would end their wait is never queued
-# behind them; and no thread but the loop's touches Python for it.
-
-
-class _Mailbox:
-    """One event loop's answers from idem's runtime: the futures of its calls in flight, by
-    token, set when the mailbox's descriptor wakes the loop."""
-
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        self.loop = loop
-        self.pid = os.getpid()
-        self.native = _native.Mailbox()
-        self.waiting: dict = {}
-        self.tokens = itertools.count()
-        loop.add_reader(self.native.fileno(), self._drain)
-
-    def expect(self) -> Tuple[int, "asyncio.Future[Any]"]:
-        """A token for a native ``*_then`` call, and the future its answer will set."""
-        token = next(self.tokens)
-        future = self.loop.create_future()
-        self.waiting[token] = future
-        return token, future
-
-    def _drain(self) -> None:
-        for token, ok, value in self.native.drain():
-            future = self.waiting.pop(token, None)
-            if future is not None and not future.done():
-                future.set_result(value) if ok else future.set_exception(value)
-
-
-_mailboxes: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Mailbox]" = weakref.WeakKeyDictionary()
-
-
-def _mailbox() -> _Mailbox:
-    """The running loop's mailbox, made on its first call (again in a forked child)."""
-    loop = asyncio.get_running_loop()
-    box = _mailboxes.get(loop)
-    if box is None or box.pid != os.getpid():
-        box = _mailboxes[loop] = _Mailbox(loop)
-    return box
+# ``*_then`` calls), whose answers reach the loop through its mailbox (``_mailbox``). No
+# thread of the loop's executor waits on a store, so duplicates waiting for a call in flight
+# hold no thread, and the call that would end their wait is never queued behind them.
 
 
 async def _claim(store: _native.Store, start: list) -> Tuple[str, Any]:
@@ -526,7 +486,7 @@ async def _claim(store: _native.Store, start: list) -> Tuple[str, Any]:
     framework's timeout, a duplicate waiting for a call in flight), the claim may still
     succeed; its ticket is then released, since the function never ran. Dropped instead, the
     key would read as in flight until the lease ended and as an unknown outcome after."""
-    box = _mailbox()
+    box = mailbox()
     token, claim = box.expect()
     if not store.start_then(*start, box.native, token):
         start[3] = args_json(start[3])  # not plain types: as JSON text
@@ -550,15 +510,12 @@ def _finish_later(ticket: Any, report: tuple) -> "asyncio.Future[str]":
     """Starts finishing ``ticket`` with ``report`` on idem's runtime, at once (so a
     cancellation of the caller cannot stop it), and answers the future of what became of it
     (as ``_finish`` does)."""
-    box = _mailbox()
-    token, saved = box.expect()
     kind = report[0]
     if kind == "result":
-        ticket.finish_result_then(*report[1:], box.native, token)
-    elif kind == "unknown":
-        ticket.finish_unknown_then(box.native, token)
-    else:
-        ticket.finish_not_run_then(box.native, token)
+        return later(ticket.finish_result_then, *report[1:])
+    if kind == "unknown":
+        return later(ticket.finish_unknown_then)
+    return later(ticket.finish_not_run_then)
     return saved
 
 
