@@ -301,7 +301,9 @@ impl HttpKeyed {
         if lane == Lane::Runtime || keyed.waits {
             let front = self.front.clone();
             return settled_later(env, |settle| {
-                front.begin_then(keyed, &body, move |b| settle.settle(Ok(Begun::of(b, lane))));
+                front.begin_then(keyed, body.to_vec(), move |b| {
+                    settle.settle(Ok(Begun::of(b, lane)));
+                });
                 Ok(())
             })
             .map(Either::B);

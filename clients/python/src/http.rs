@@ -128,7 +128,7 @@ impl Front {
     /// duplicate in flight holds no thread.
     fn begin_then(&self, keyed: &HttpKeyed, body: &[u8], mailbox: &Mailbox, token: u64) {
         let slots = mailbox.0.clone();
-        self.0.begin_then(keyed.0.clone(), body, move |b| {
+        self.0.begin_then(keyed.0.clone(), body.to_vec(), move |b| {
             slots.post(token, Delivery::Begun(Box::new(b)));
         });
     }

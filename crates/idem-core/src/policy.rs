@@ -61,6 +61,11 @@ impl ToolClass {
 /// key over while the first execution still runs.
 pub const MIN_LEASE: Duration = Duration::from_secs(1);
 
+/// The longest lease, retention or wait a policy takes (100 years): a deadline is an
+/// `Instant` and a record's times are milliseconds in an `i64`, and a value near
+/// `Duration::MAX` (a language package's `1e22` milliseconds) overflowed them with a panic.
+pub const MAX_DURATION: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
+
 /// How the engine treats the keys of one route or tool.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Policy {
@@ -115,6 +120,18 @@ pub enum PolicyError {
     /// A release status that is not an HTTP status.
     #[error("release_statuses has {0}, which is not an HTTP status")]
     NotAStatus(u16),
+    /// A lease, retention or wait over [`MAX_DURATION`].
+    #[error(
+        "{what} {} is over {}: the clock arithmetic of a deadline that far out would overflow",
+        humantime::format_duration(*.value),
+        humantime::format_duration(MAX_DURATION)
+    )]
+    TooLong {
+        /// `lease`, `retention` or `wait`.
+        what: &'static str,
+        /// The value given.
+        value: Duration,
+    },
 }
 
 impl Policy {
@@ -127,6 +144,15 @@ impl Policy {
         }
         if self.retention.is_zero() {
             return Err(PolicyError::NoRetention);
+        }
+        for (what, value) in [
+            ("lease", Some(self.lease)),
+            ("retention", Some(self.retention)),
+            ("wait", self.wait),
+        ] {
+            if let Some(value) = value.filter(|v| *v > MAX_DURATION) {
+                return Err(PolicyError::TooLong { what, value });
+            }
         }
         if let Some(bad) = self
             .release_statuses
@@ -188,6 +214,34 @@ mod tests {
             ..Policy::default()
         };
         assert_eq!(status.validate(), Err(PolicyError::NotAStatus(42)));
+        for (what, p) in [
+            (
+                "lease",
+                Policy {
+                    lease: MAX_DURATION * 2,
+                    ..Policy::default()
+                },
+            ),
+            (
+                "retention",
+                Policy {
+                    retention: Duration::MAX,
+                    ..Policy::default()
+                },
+            ),
+            (
+                "wait",
+                Policy {
+                    wait: Some(Duration::from_secs(u64::MAX)),
+                    ..Policy::default()
+                },
+            ),
+        ] {
+            assert!(
+                matches!(p.validate(), Err(PolicyError::TooLong { what: w, .. }) if w == what),
+                "{what} over 100 years is refused"
+            );
+        }
         assert!(Policy::validate_upstream_timeout(Duration::ZERO).is_err());
         assert!(Policy::validate_upstream_timeout(Duration::from_secs(1)).is_ok());
     }

@@ -259,9 +259,12 @@ impl Store {
     {
         let Bound { host, engine, .. } = self.bound()?;
         let policy = policy.0.clone();
-        host.clone().spawn(async move {
-            done(Self::claimed(&engine, host, key, fingerprint, &policy).await);
-        });
+        let on = host.clone();
+        on.spawn_then(
+            async move { Self::claimed(&engine, host, key, fingerprint, &policy).await },
+            done,
+            || Err(EmbedError::Store(task_ended("claim"))),
+        );
         Ok(())
     }
 
@@ -301,6 +304,14 @@ impl Store {
         let record = host.block_on(idem_core::Store::get(engine.store(), &scope, &key))?;
         Ok(record.map(|r| Prior::from_record(PriorKind::Found, &r)))
     }
+}
+
+/// The error of a task on the runtime that ended without an answer: it panicked (which the
+/// runtime logs). What it was doing is not known to have happened.
+pub(crate) fn task_ended(what: &str) -> idem_core::StoreError {
+    idem_core::StoreError::Unavailable(
+        format!("the {what} ended without an answer (a panic on idem's runtime)").into(),
+    )
 }
 
 /// The key and fingerprint of a call of `tool` with `args` under an explicit `key` (the
@@ -403,7 +414,9 @@ impl Ticket {
         F: FnOnce(Saved) + Send + 'static,
     {
         let host = self.host.clone();
-        host.spawn(async move { done(self.finished(report).await) });
+        host.spawn_then(self.finished(report), done, || {
+            Saved::Lost(task_ended("completion").to_string())
+        });
     }
 
     async fn finished(self, report: Report) -> Saved {

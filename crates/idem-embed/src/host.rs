@@ -36,6 +36,7 @@
 
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
+use std::marker::PhantomData;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
@@ -182,17 +183,28 @@ impl Host {
         self.runtime.block_on(f)
     }
 
-    /// Runs `f` as a task on the runtime, for a caller that must not block (Node's event
-    /// loop): the call then crosses threads only to the runtime and back, where blocking
-    /// from a thread of the caller's own pool would add a hop to that thread and back.
-    pub(crate) fn spawn<F>(&self, f: F)
+    /// Runs `work` as a task on the runtime and hands its output to `done`, for a caller that
+    /// must not block (Node's event loop, Python's asyncio): the call then crosses threads
+    /// only to the runtime and back, where blocking a thread of the caller's own pool on it
+    /// would add a hop to that thread and back.
+    ///
+    /// `done` is called exactly once: with `work`'s output, or, if the task ends without one
+    /// (a panic inside it), with `lost()`. A caller's promise or future then always settles;
+    /// without this, a panic left it pending and Node's event loop alive for ever.
+    pub(crate) fn spawn_then<T, W, D, L>(&self, work: W, done: D, lost: L)
     where
-        F: Future<Output = ()> + Send + 'static,
+        T: Send + 'static,
+        W: Future<Output = T> + Send + 'static,
+        D: FnOnce(T) + Send + 'static,
+        L: FnOnce() -> T + Send + 'static,
     {
-        // Detached: the task reports through what `f` does when it ends.
-        drop(self.runtime.spawn(f));
+        let answer = Answer {
+            owed: Some((done, lost)),
+            answer: PhantomData,
+        };
+        // Detached: the task reports through `done`.
+        drop(self.runtime.spawn(async move { answer.give(work.await) }));
     }
-
     /// The engine of a store URL, opened (and its schema created) on first use. Relative
     /// SQLite paths are resolved against the working directory at that moment.
     pub fn engine(&self, url: &str) -> Result<Engine<AnyStore>, EmbedError> {
@@ -217,5 +229,74 @@ impl Host {
             // as the evidence that a framework's re-call was a replay.
             .or_insert_with(|| Engine::new(store))
             .clone())
+    }
+}
+
+/// The answer of a [`Host::spawn_then`] task, owed to its caller: given when the task ends,
+/// or, when it is dropped unanswered (the task panicked), the `lost` value in its place.
+struct Answer<T, D, L>
+where
+    D: FnOnce(T),
+    L: FnOnce() -> T,
+{
+    owed: Option<(D, L)>,
+    answer: PhantomData<fn(T)>,
+}
+
+impl<T, D, L> Answer<T, D, L>
+where
+    D: FnOnce(T),
+    L: FnOnce() -> T,
+{
+    fn give(mut self, value: T) {
+        if let Some((done, _)) = self.owed.take() {
+            done(value);
+        }
+    }
+}
+
+impl<T, D, L> Drop for Answer<T, D, L>
+where
+    D: FnOnce(T),
+    L: FnOnce() -> T,
+{
+    fn drop(&mut self) {
+        if let Some((done, lost)) = self.owed.take() {
+            done(lost());
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::mpsc;
+    use std::time::Duration;
+
+    use super::host;
+
+    /// A task that panics still answers its caller (with the `lost` value), so a promise or
+    /// a future waiting on it settles: before, a panic left Node's promise pending and its
+    /// event loop alive for ever.
+    #[test]
+    fn a_task_that_panics_still_answers() {
+        let host = host().expect("the runtime starts");
+        let (tx, rx) = mpsc::channel();
+        let answered = tx.clone();
+        host.spawn_then(
+            async { panic!("a bug in a task") },
+            move |v: &str| answered.send(v).expect("the test listens"),
+            || "lost",
+        );
+        host.spawn_then(
+            async { "done" },
+            move |v: &str| tx.send(v).expect("the test listens"),
+            || "lost",
+        );
+        let mut got = [
+            rx.recv_timeout(Duration::from_secs(5)).expect("answered"),
+            rx.recv_timeout(Duration::from_secs(5)).expect("answered"),
+        ];
+        got.sort_unstable();
+        assert_eq!(got, ["done", "lost"]);
     }
 }

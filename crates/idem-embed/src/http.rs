@@ -30,7 +30,7 @@ use idem_http::{Admission, BodyError, Config, FileConfig, Front, Problem};
 use idem_stores::AnyStore;
 
 use crate::EmbedError;
-use crate::call::Store;
+use crate::call::{Store, task_ended};
 use crate::host::Host;
 
 /// A response as a host sends it: the status, the headers in order, the body.
@@ -302,24 +302,32 @@ impl HttpFront {
     /// task on the process's runtime and `done` gets what it came to, on one of the
     /// runtime's threads (or on this thread, when the store cannot be used at all). For a
     /// host that must not block (Node's event loop); a wait holds no thread.
-    pub fn begin_then<F>(&self, keyed: Keyed, body: &[u8], done: F)
+    /// The body's fingerprint is taken there too, off the calling thread (a SHA-256 of up to
+    /// `max_body_bytes`).
+    pub fn begin_then<F>(&self, keyed: Keyed, body: Vec<u8>, done: F)
     where
         F: FnOnce(Begun) + Send + 'static,
     {
+        let front = self.front.clone();
         match self.beginning(keyed, body) {
-            Ok((host, claiming)) => host.spawn(async move { done(claiming.await) }),
+            Ok((host, claiming)) => host.spawn_then(claiming, done, move || {
+                tracing::warn!(error = %task_ended("claim"), "request not executed");
+                Begun::Reply(front.store_unavailable().into())
+            }),
             Err(reply) => done(reply),
         }
     }
 
     /// The claim of [`HttpFront::begin`], to run on the returned host's runtime; or the
     /// reply at once when the store cannot be used.
-    fn beginning(
+    fn beginning<B>(
         &self,
         keyed: Keyed,
-        body: &[u8],
-    ) -> Result<(Arc<Host>, impl Future<Output = Begun> + Send + 'static), Begun> {
-        let fingerprint = fingerprint(&keyed, body);
+        body: B,
+    ) -> Result<(Arc<Host>, impl Future<Output = Begun> + Send + use<B>), Begun>
+    where
+        B: AsRef<[u8]> + Send,
+    {
         let (host, engine) = self.engine().map_err(|e| {
             tracing::warn!(error = %e, "the idempotency store cannot be used; request not executed");
             Begun::Reply(self.front.store_unavailable().into())
@@ -327,6 +335,7 @@ impl HttpFront {
         let policy = self.front.policy(&keyed.keyed).engine.clone();
         let (front, inline, on) = (self.front.clone(), self.memory, host.clone());
         let claiming = async move {
+            let fingerprint = fingerprint(&keyed, body.as_ref());
             let begun = engine
                 .begin::<()>(
                     keyed.keyed.scope.clone(),
@@ -420,9 +429,12 @@ impl HttpExecution {
     where
         F: FnOnce(Reply) + Send + 'static,
     {
-        let host = self.host.clone();
+        let (host, front) = (self.host.clone(), self.front.clone());
         let finishing = self.finishing(status, headers, body);
-        host.spawn(async move { done(finishing.await) });
+        host.spawn_then(finishing, done, move || {
+            tracing::warn!(error = %task_ended("completion"), "the response was not stored");
+            front.store_unavailable().into()
+        });
     }
 
     fn finishing(
@@ -482,10 +494,7 @@ impl HttpExecution {
         F: FnOnce() + Send + 'static,
     {
         let host = self.host.clone();
-        host.spawn(async move {
-            self.marked_unknown().await;
-            done();
-        });
+        host.spawn_then(self.marked_unknown(), |()| done(), || ());
     }
 
     /// As [`HttpExecution::failed`], without blocking the calling thread: `done` gets
