@@ -11,12 +11,11 @@ use pyo3::exceptions::PyRuntimeError;
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
 
-use crate::mailbox::{Delivery, Mailbox};
 use crate::raise;
 
 type PyReply<'py> = (u16, Vec<(String, Bound<'py, PyBytes>)>, Bound<'py, PyBytes>);
 
-pub(crate) fn reply(py: Python<'_>, r: Reply) -> PyReply<'_> {
+fn reply(py: Python<'_>, r: Reply) -> PyReply<'_> {
     (
         r.status,
         r.headers
@@ -120,26 +119,11 @@ impl Front {
     ) -> PyResult<Bound<'py, PyAny>> {
         let keyed = keyed.0.clone();
         let begun = py.detach(|| self.0.begin(keyed, body));
-        Ok(begun_object(py, begun)?.into_bound(py))
+        Ok(match begun {
+            Begun::Execute(e) => Bound::new(py, HttpExecution(Mutex::new(Some(e))))?.into_any(),
+            Begun::Reply(r) => reply(py, r).into_pyobject(py)?.into_any(),
+        })
     }
-
-    /// As `begin`, without blocking: the claim runs as a task on idem's runtime, which
-    /// leaves its answer in `mailbox` under `token` (see `Store.start_then`). A wait for a
-    /// duplicate in flight holds no thread.
-    fn begin_then(&self, keyed: &HttpKeyed, body: &[u8], mailbox: &Mailbox, token: u64) {
-        let slots = mailbox.0.clone();
-        self.0.begin_then(keyed.0.clone(), body.to_vec(), move |b| {
-            slots.post(token, Delivery::Begun(Box::new(b)));
-        });
-    }
-}
-
-/// An `HttpExecution` (run the handler, then finish it), or the reply to send.
-pub(crate) fn begun_object(py: Python<'_>, begun: Begun) -> PyResult<Py<PyAny>> {
-    Ok(match begun {
-        Begun::Execute(e) => Py::new(py, HttpExecution(Mutex::new(Some(e))))?.into_any(),
-        Begun::Reply(r) => reply(py, r).into_pyobject(py)?.into_any().unbind(),
-    })
 }
 
 /// A keyed request admitted.
@@ -235,38 +219,5 @@ impl HttpExecution {
         let execution = self.take()?;
         let r = py.detach(move || execution.failed());
         Ok(reply(py, r))
-    }
-
-    /// As `finish`, without blocking: the reply is left in `mailbox` under `token`.
-    fn finish_then(
-        &self,
-        status: u16,
-        headers: Vec<(String, Vec<u8>)>,
-        body: Vec<u8>,
-        mailbox: &Mailbox,
-        token: u64,
-    ) -> PyResult<()> {
-        let slots = mailbox.0.clone();
-        self.take()?.finish_then(status, &headers, body, move |r| {
-            slots.post(token, Delivery::Reply(r));
-        });
-        Ok(())
-    }
-
-    /// As `unknown`, without blocking: `None` is left in `mailbox` under `token` once the
-    /// record is marked.
-    fn unknown_then(&self, mailbox: &Mailbox, token: u64) -> PyResult<()> {
-        let slots = mailbox.0.clone();
-        self.take()?
-            .unknown_then(move || slots.post(token, Delivery::Marked));
-        Ok(())
-    }
-
-    /// As `failed`, without blocking: the `response-failed` reply is left in `mailbox`.
-    fn failed_then(&self, mailbox: &Mailbox, token: u64) -> PyResult<()> {
-        let slots = mailbox.0.clone();
-        self.take()?
-            .failed_then(move |r| slots.post(token, Delivery::Reply(r)));
-        Ok(())
     }
 }

@@ -16,10 +16,7 @@ use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyString};
 
 mod http;
-mod mailbox;
 mod values;
-
-use mailbox::{Delivery, Mailbox};
 
 /// Raises `idem_runtime.errors.<name>(message)`.
 fn typed(py: Python<'_>, name: &str, message: String) -> PyErr {
@@ -48,15 +45,6 @@ pub(crate) fn raise(py: Python<'_>, e: EmbedError) -> PyErr {
 
 fn parse_args(py: Python<'_>, args_json: &str) -> PyResult<serde_json::Value> {
     idem_embed::parse_args(args_json).map_err(|e| raise(py, e))
-}
-
-/// A call's arguments: JSON text (a `str`) parsed, or the bound arguments themselves when
-/// they are plain types only (`None` otherwise: the caller passes their JSON text instead).
-fn call_args(py: Python<'_>, args: &Bound<'_, PyAny>) -> PyResult<Option<serde_json::Value>> {
-    match args.cast_exact::<PyString>() {
-        Ok(text) => parse_args(py, &text.to_cow()?).map(Some),
-        Err(_) => Ok(values::plain_value(args)),
-    }
 }
 
 /// The fields a key is derived from, parsed and checked once.
@@ -208,8 +196,12 @@ impl Store {
         key_fields: Option<&KeyFields>,
         policy: &Policy,
     ) -> PyResult<Option<(String, Py<PyAny>)>> {
-        let Some(args) = call_args(py, args)? else {
-            return Ok(None);
+        let args = match args.cast_exact::<PyString>() {
+            Ok(text) => parse_args(py, &text.to_cow()?)?,
+            Err(_) => match values::plain_value(args) {
+                Some(v) => v,
+                None => return Ok(None),
+            },
         };
         let fields = key_fields.map(|f| &f.0);
         let claimed = py
@@ -221,48 +213,6 @@ impl Store {
         Ok(Some((claimed.key, started_object(py, claimed.started)?)))
     }
 
-    /// As `start`, without blocking: the claim runs as a task on idem's runtime, which leaves
-    /// `(key, Ticket | Prior)`, or the exception, in `mailbox` under `token` (see
-    /// `Mailbox`). For asyncio, whose loop must not wait on a store. Answers `False` (and
-    /// starts nothing) when `args` are not plain types only, as `start` answers `None`; an
-    /// error in the call's own values (the key, the key fields) is raised at once.
-    #[pyo3(signature = (key, scope, tool, args, ordinal, secret, key_fields, policy, mailbox, token))]
-    #[allow(clippy::too_many_arguments)]
-    fn start_then(
-        &self,
-        py: Python<'_>,
-        key: Option<&str>,
-        scope: &str,
-        tool: &str,
-        args: &Bound<'_, PyAny>,
-        ordinal: u64,
-        secret: Option<&[u8]>,
-        key_fields: Option<&KeyFields>,
-        policy: &Policy,
-        mailbox: &Mailbox,
-        token: u64,
-    ) -> PyResult<bool> {
-        let Some(args) = call_args(py, args)? else {
-            return Ok(false);
-        };
-        let fields = key_fields.map(|f| &f.0);
-        let slots = mailbox.0.clone();
-        self.0
-            .start_then(
-                key,
-                scope,
-                tool,
-                &args,
-                ordinal,
-                secret,
-                fields,
-                &policy.0,
-                move |r| slots.post(token, Delivery::Claim(Box::new(r))),
-            )
-            .map_err(|e| raise(py, e))?;
-        Ok(true)
-    }
-
     /// The record of `key`, or `None`.
     fn record(&self, py: Python<'_>, key: &str) -> PyResult<Option<Prior>> {
         py.detach(|| self.0.record(key))
@@ -271,7 +221,7 @@ impl Store {
     }
 }
 
-pub(crate) fn started_object(py: Python<'_>, started: Started) -> PyResult<Py<PyAny>> {
+fn started_object(py: Python<'_>, started: Started) -> PyResult<Py<PyAny>> {
     match started {
         Started::Execute(t) => Ok(Py::new(py, Ticket(Mutex::new(Some(t))))?.into_any()),
         Started::Prior(p) => Ok(Py::new(py, Prior(p))?.into_any()),
@@ -283,41 +233,22 @@ pub(crate) fn started_object(py: Python<'_>, started: Started) -> PyResult<Py<Py
 struct Ticket(Mutex<Option<idem_embed::Ticket>>);
 
 impl Ticket {
-    fn take(&self) -> PyResult<idem_embed::Ticket> {
-        self.0
+    fn finish(&self, py: Python<'_>, report: Report) -> PyResult<String> {
+        let ticket = self
+            .0
             .lock()
             .map_err(|_| PyRuntimeError::new_err("ticket lock poisoned"))?
             .take()
-            .ok_or_else(|| PyRuntimeError::new_err("this ticket was already finished"))
-    }
-
-    fn finish(&self, py: Python<'_>, report: Report) -> PyResult<String> {
-        let ticket = self.take()?;
+            .ok_or_else(|| PyRuntimeError::new_err("this ticket was already finished"))?;
         let saved = py
             .detach(move || ticket.finish(report))
             .map_err(|e| raise(py, e))?;
-        Ok(saved_text(saved))
-    }
-
-    /// `finish` without blocking: what became of the report is left in `mailbox` under
-    /// `token` (none: nobody waits for it).
-    fn finish_then(&self, report: Report, mailbox: Option<&Mailbox>, token: u64) -> PyResult<()> {
-        let slots = mailbox.map(|m| m.0.clone());
-        self.take()?.finish_then(report, move |saved| {
-            if let Some(slots) = slots {
-                slots.post(token, Delivery::Saved(saved));
-            }
-        });
-        Ok(())
-    }
-}
-
-pub(crate) fn saved_text(saved: Saved) -> String {
-    match saved {
-        Saved::Stored => "stored".into(),
-        Saved::Released => "released".into(),
-        Saved::MarkedUnknown => "unknown".into(),
-        Saved::Lost(why) => format!("lost: {why}"),
+        Ok(match saved {
+            Saved::Stored => "stored".into(),
+            Saved::Released => "released".into(),
+            Saved::MarkedUnknown => "unknown".into(),
+            Saved::Lost(why) => format!("lost: {why}"),
+        })
     }
 }
 
@@ -350,37 +281,6 @@ impl Ticket {
     /// Marks the outcome unknown: the record reads as abandoned.
     fn finish_unknown(&self, py: Python<'_>) -> PyResult<String> {
         self.finish(py, Report::Unknown)
-    }
-
-    /// As `finish_result`, without blocking: what became of it is left in `mailbox` under
-    /// `token` (see `Store.start_then`).
-    #[pyo3(signature = (status, body, media_type, mailbox, token))]
-    fn finish_result_then(
-        &self,
-        status: u16,
-        body: Vec<u8>,
-        media_type: String,
-        mailbox: Option<&Mailbox>,
-        token: u64,
-    ) -> PyResult<()> {
-        let report = Report::Result {
-            status,
-            body,
-            media_type,
-        };
-        self.finish_then(report, mailbox, token)
-    }
-
-    /// As `finish_not_run`, without blocking (see `finish_result_then`).
-    #[pyo3(signature = (mailbox, token))]
-    fn finish_not_run_then(&self, mailbox: Option<&Mailbox>, token: u64) -> PyResult<()> {
-        self.finish_then(Report::NotRun, mailbox, token)
-    }
-
-    /// As `finish_unknown`, without blocking (see `finish_result_then`).
-    #[pyo3(signature = (mailbox, token))]
-    fn finish_unknown_then(&self, mailbox: Option<&Mailbox>, token: u64) -> PyResult<()> {
-        self.finish_then(Report::Unknown, mailbox, token)
     }
 }
 
@@ -489,7 +389,6 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Store>()?;
     m.add_class::<Ticket>()?;
     m.add_class::<Prior>()?;
-    m.add_class::<Mailbox>()?;
     m.add_class::<http::Front>()?;
     m.add_class::<http::HttpKeyed>()?;
     m.add_class::<http::HttpExecution>()?;

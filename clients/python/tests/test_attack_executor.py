@@ -1,11 +1,10 @@
 """Adversarial: more duplicates of one call in flight, in one event loop, than the loop's
-default executor has threads. When claims ran on that executor, each waiting duplicate held
-one of its threads and the first call's finish was queued behind them, so it could not store
-its result until their ``wait`` ran out, and every one of them failed with
-``InFlightError``. Claims and finishes now run as tasks on idem's runtime and reach the loop
-through its mailbox (``_decorator._Mailbox``); these check that no number of waiters holds
-anything the first call needs, on a store without I/O and on Redis, and that two event loops
-in two threads each get their own answers."""
+default executor has threads. Each waiting duplicate held an executor thread; the first
+call's finish was queued behind them, so it could not store its result until their ``wait``
+ran out, and every one of them failed with ``InFlightError``. A finish now runs on a thread
+of its own (``_decorator._settle``), so the waiting duplicates cannot queue it; these check it
+on a store without I/O and on Redis, and that two event loops in two threads each get their
+own answers."""
 
 from __future__ import annotations
 

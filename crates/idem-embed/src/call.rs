@@ -199,36 +199,10 @@ impl Store {
         Ok(Claimed { key: text, started })
     }
 
-    /// As [`Store::start`], without blocking the calling thread: the claim runs as a task on
-    /// the process's runtime and `done` gets what it came to, as [`Store::begin_then`]. For an
-    /// asynchronous host (Python's asyncio), whose event loop must not block. The key is
-    /// derived at once, and an error in the call's own values is returned at once.
-    #[allow(clippy::too_many_arguments)]
-    pub fn start_then<F>(
-        &self,
-        key: Option<&str>,
-        scope: &str,
-        tool: &str,
-        args: &Value,
-        ordinal: u64,
-        secret: Option<&[u8]>,
-        fields: Option<&KeyFields>,
-        policy: &ToolPolicy,
-        done: F,
-    ) -> Result<(), EmbedError>
-    where
-        F: FnOnce(Result<Claimed, EmbedError>) + Send + 'static,
-    {
-        let (key, fingerprint) = derived(key, scope, tool, args, ordinal, secret, fields)?;
-        let text = key.as_str().to_owned();
-        self.claim_then(key, fingerprint, policy, move |r| {
-            done(r.map(|started| Claimed { key: text, started }));
-        })
-    }
-
     /// As [`Store::begin`], without blocking the calling thread: the claim runs as a task on
     /// the process's runtime, and `done` gets what it came to, on one of the runtime's
-    /// threads. For a host whose calling thread must not block (Node's event loop). A wait
+    /// threads (an error in its place if the task panics). For a host whose calling thread
+    /// must not block (Node's event loop). A wait
     /// for a duplicate in flight holds no thread. An error in the call's own values (the key,
     /// the key fields) is returned at once and `done` is not called.
     pub fn begin_then<F>(

@@ -19,6 +19,7 @@ the key, or, under ``on_abandoned="retry"``, runs again.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import dataclasses
 import datetime
 import functools
@@ -32,7 +33,6 @@ from typing import Any, Callable, Optional, Sequence, Tuple, Type, Union
 from . import _native, _otel
 from ._codec import JSON, Codec
 from ._keys import KEY_ARGUMENT, Binder, args_json, field_roots, parse_key_fields
-from ._mailbox import later, mailbox
 from ._scope import Scope, current_scope
 from .errors import (
     ConfigurationError,
@@ -285,66 +285,42 @@ class _Tool:
 
     # -- after the call --------------------------------------------------------------------
 
-    def error_report(self, e: BaseException) -> Tuple[str, tuple]:
-        """What to keep of a call that raised ``e``: the call's outcome (``executed``,
-        ``unknown``, ``not_sent``) and the report that finishes its ticket (``_finish``)."""
+    def settle_error(self, ticket: Any, e: BaseException) -> str:
+        """Keeps, marks unknown or releases the key of a call that raised ``e``; answers the
+        call's outcome (``executed``, ``unknown``, ``not_sent``)."""
         if self.keep_errors and isinstance(e, self.keep_errors):
             message = _message(e)
             body = json.dumps(
                 {"type": _qualname(type(e)), "message": message, "args": _json_args(e, message)},
                 ensure_ascii=False,
             ).encode()
-            return "executed", ("result", _native.RAISED, body, "application/json")
+            ticket.finish_result(_native.RAISED, body, "application/json")
+            return "executed"
         if (self.unknown_errors and isinstance(e, self.unknown_errors)) or not isinstance(e, Exception):
-            return "unknown", ("unknown",)
-        return "not_sent", ("not_run",)
-
-    def settle_error(self, ticket: Any, e: BaseException) -> str:
-        """Keeps, marks unknown or releases the key of a call that raised ``e``; answers the
-        call's outcome."""
-        outcome, report = self.error_report(e)
-        _finish(ticket, report)
-        return outcome
-
-    def result_report(self, key: str, result: Any) -> tuple:
-        """The report that keeps ``result``: its encoding. Raises when it cannot be encoded;
-        the caller then marks the key unknown (the function ran: releasing it would let a
-        retry run it again)."""
-        body = self.codec.encode(result)
-        if not isinstance(body, (bytes, bytearray)):
-            # Caught here, not by the native call, which would leave the ticket unfinished
-            # (its key in flight until the process let go of it).
-            raise ConfigurationError(
-                f"{type(self.codec).__name__}.encode returned {type(body).__name__}, "
-                f"not bytes; the result of {self.tool} (idempotency key {key}) was not "
-                f"kept, and the key reads as an unknown outcome"
-            )
-        return ("result", _native.RETURNED, body, self.codec.media_type)
+            ticket.finish_unknown()
+            return "unknown"
+        ticket.finish_not_run()
+        return "not_sent"
 
     def settle_result(self, ticket: Any, key: str, result: Any) -> str:
         try:
-            report = self.result_report(key, result)
+            body = self.codec.encode(result)
+            if not isinstance(body, (bytes, bytearray)):
+                # Caught here, not by the native call, which would leave the ticket unfinished
+                # (its key in flight until the process let go of it).
+                raise ConfigurationError(
+                    f"{type(self.codec).__name__}.encode returned {type(body).__name__}, "
+                    f"not bytes; the result of {self.tool} (idempotency key {key}) was not "
+                    f"kept, and the key reads as an unknown outcome"
+                )
         except BaseException:
+            # It ran: releasing would let a retry run it again. Unknown is the truth.
             ticket.finish_unknown()
             raise
-        return self.kept(key, _finish(ticket, report))
-
-    def kept(self, key: str, saved: str) -> str:
-        """``saved``, what became of a returned result; a result not kept is logged."""
+        saved = ticket.finish_result(_native.RETURNED, body, self.codec.media_type)
         if saved != "stored":
             log.warning("idem: %s ran for %s but its result was not kept (%s)", self.tool, key, saved)
         return saved
-
-
-def _finish(ticket: Any, report: tuple) -> str:
-    """Finishes ``ticket`` with ``report`` (``_Tool.error_report``, ``result_report``),
-    blocking; answers what became of it (``stored``, ``released``, ``unknown``, ``lost: ...``)."""
-    kind = report[0]
-    if kind == "result":
-        return ticket.finish_result(*report[1:])  # type: ignore[no-any-return]
-    if kind == "unknown":
-        return ticket.finish_unknown()  # type: ignore[no-any-return]
-    return ticket.finish_not_run()  # type: ignore[no-any-return]
 
 
 def _start(store: _native.Store, start: list) -> Tuple[str, Any]:
@@ -475,22 +451,13 @@ def _sync_wrapper(t: _Tool) -> Callable[..., Any]:
     return wrapper
 
 
-# The coroutine path: the engine's halves run as tasks on idem's runtime (the native
-# ``*_then`` calls), whose answers reach the loop through its mailbox (``_mailbox``). No
-# thread of the loop's executor waits on a store, so duplicates waiting for a call in flight
-# hold no thread, and the call that would end their wait is never queued behind them.
-
-
 async def _claim(store: _native.Store, start: list) -> Tuple[str, Any]:
-    """``_start`` without blocking the loop. If the caller is cancelled meanwhile (a
-    framework's timeout, a duplicate waiting for a call in flight), the claim may still
-    succeed; its ticket is then released, since the function never ran. Dropped instead, the
+    """``_start`` in a worker thread. If the caller is cancelled meanwhile (a framework's
+    timeout, a duplicate waiting for a call in flight), the claim may still succeed in the
+    thread; its ticket is then released, since the function never ran. Dropped instead, the
     key would read as in flight until the lease ended and as an unknown outcome after."""
-    box = mailbox()
-    token, claim = box.expect()
-    if not store.start_then(*start, box.native, token):
-        start[3] = args_json(start[3])  # not plain types: as JSON text
-        store.start_then(*start, box.native, token)
+    loop = asyncio.get_running_loop()
+    claim = loop.run_in_executor(None, _start, store, start)
     try:
         return await asyncio.shield(claim)
     except asyncio.CancelledError:
@@ -503,25 +470,39 @@ def _release_unused(claim: "asyncio.Future[Tuple[str, Any]]") -> None:
         return
     started = claim.result()[1]
     if started.__class__ is not _Prior:
-        started.finish_not_run_then(None, 0)  # nobody waits for it
+        threading.Thread(target=started.finish_not_run, name="idem-settle").start()
 
 
-def _finish_later(ticket: Any, report: tuple) -> "asyncio.Future[str]":
-    """Starts finishing ``ticket`` with ``report`` on idem's runtime, at once (so a
-    cancellation of the caller cannot stop it), and answers the future of what became of it
-    (as ``_finish`` does)."""
-    kind = report[0]
-    if kind == "result":
-        return later(ticket.finish_result_then, *report[1:])
-    if kind == "unknown":
-        return later(ticket.finish_unknown_then)
-    return later(ticket.finish_not_run_then)
-    return saved
+async def _settle(fn: Callable[..., Any], *args: Any) -> Any:
+    """Runs a ticket's finishing step in a thread of its own, not the loop's default executor:
+    duplicates waiting for this very call occupy that executor's threads (a handful: cpu + 4),
+    so a finish queued behind them could not run until their ``wait`` ran out, and all of
+    them then failed with ``InFlightError``. Once per call that ran; a replay needs none."""
+    loop = asyncio.get_running_loop()
+    done: asyncio.Future = loop.create_future()
+    context = contextvars.copy_context()  # as asyncio.to_thread: a codec may read it
+
+    def deliver(ok: bool, value: Any) -> None:
+        if not done.done():
+            done.set_result(value) if ok else done.set_exception(value)
+
+    def run() -> None:
+        try:
+            value, ok = context.run(fn, *args), True
+        except BaseException as e:  # delivered to the awaiting coroutine
+            value, ok = e, False
+        try:
+            loop.call_soon_threadsafe(deliver, ok, value)
+        except RuntimeError:
+            pass  # the loop closed meanwhile; the ticket was finished all the same
+
+    threading.Thread(target=run, name="idem-settle").start()
+    return await done
 
 
 def _async_wrapper(t: _Tool) -> Callable[..., Any]:
-    # The engine's halves run as tasks on idem's runtime (see `_claim`), so the event loop
-    # goes on while a store answers or a duplicate is waited for.
+    # The engine's blocking halves run in a worker thread (the GIL released inside), so the
+    # event loop goes on while a store answers or a duplicate is waited for.
     async def call_with_outcome(*args: Any, **kwargs: Any) -> Tuple[Any, Outcome]:
         with _otel.tool_span(t.tool) as span:
             start, args, kwargs = t.prepare(args, kwargs)
@@ -535,20 +516,13 @@ def _async_wrapper(t: _Tool) -> Callable[..., Any]:
             try:
                 result = await t.fn(*args, **kwargs)
             except BaseException as e:
-                outcome, report = t.error_report(e)
-                # Settled even when cancelled: started at once, and awaited through a shield
-                # from the cancellation it reports.
-                await asyncio.shield(_finish_later(started, report))
-                _otel.outcome(span, outcome)
+                # Settled even when cancelled: shielded from the cancellation it reports.
+                settled = asyncio.shield(_settle(t.settle_error, started, e))
+                _otel.outcome(span, await settled)
                 raise
-            # A result that cannot be encoded leaves the key unknown, and its error is raised.
+            # A result that cannot be encoded leaves the key unknown (settle_result raises).
             _otel.outcome(span, "unknown")
-            try:
-                report = t.result_report(key, result)
-            except BaseException:
-                await asyncio.shield(_finish_later(started, ("unknown",)))
-                raise
-            saved = t.kept(key, await _finish_later(started, report))
+            saved = await _settle(t.settle_result, started, key, result)
             _otel.outcome(span, "executed")
             return result, Outcome(key, False, saved=saved)
 

@@ -1,6 +1,6 @@
 """Types of the native module (clients/python/src/lib.rs), for type checkers."""
 
-from typing import Any, List, Optional, Tuple, Union
+from typing import List, Optional, Tuple, Union
 
 DEFAULT_STORE: str
 RETURNED: int
@@ -54,19 +54,10 @@ class Prior:
     @property
     def expires_at(self) -> Optional[float]: ...
 
-class Mailbox:
-    """Where idem's runtime leaves one event loop's `*_then` answers."""
-    def __init__(self) -> None: ...
-    def fileno(self) -> int: ...
-    def drain(self) -> List[Tuple[int, bool, Any]]: ...
-
 class Ticket:
     def finish_result(self, status: int, body: bytes, media_type: str) -> str: ...
     def finish_not_run(self) -> str: ...
     def finish_unknown(self) -> str: ...
-    def finish_result_then(self, status: int, body: bytes, media_type: str, mailbox: Optional[Mailbox], token: int) -> None: ...
-    def finish_not_run_then(self, mailbox: Optional[Mailbox], token: int) -> None: ...
-    def finish_unknown_then(self, mailbox: Optional[Mailbox], token: int) -> None: ...
 
 class Store:
     def __init__(self, url: str) -> None: ...
@@ -80,30 +71,6 @@ class Store:
         key_fields: Optional[KeyFields],
         policy: Policy,
     ) -> Union[Ticket, Prior]: ...
-    def start(
-        self,
-        key: Optional[str],
-        scope: str,
-        tool: str,
-        args: Any,
-        ordinal: int,
-        secret: Optional[bytes],
-        key_fields: Optional[KeyFields],
-        policy: Policy,
-    ) -> Optional[Tuple[str, Union[Ticket, Prior]]]: ...
-    def start_then(
-        self,
-        key: Optional[str],
-        scope: str,
-        tool: str,
-        args: Any,
-        ordinal: int,
-        secret: Optional[bytes],
-        key_fields: Optional[KeyFields],
-        policy: Policy,
-        mailbox: Mailbox,
-        token: int,
-    ) -> bool: ...
     def record(self, key: str) -> Optional[Prior]: ...
 
 # The HTTP core (clients/python/src/http.rs), for idem_runtime.asgi and idem_runtime.wsgi.

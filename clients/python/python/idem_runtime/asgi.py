@@ -12,8 +12,8 @@ handler does not run.
     app = FastAPI()
     app.add_middleware(IdempotencyMiddleware, config="idem.toml")   # or routes=[...] in code
 
-Store calls run as tasks on idem's runtime, never on the loop itself and on no thread of its
-executor (a ``memory:`` store, which waits on nothing, answers on the loop). The keyed
+Store calls run on the event loop's default executor, never on the loop itself (a ``memory:``
+store, which waits on nothing, answers on the loop). The keyed
 request's body is buffered (up to the route's ``max_body_bytes``) and handed to the app; its
 response is buffered too (up to ``max_response_bytes``) and sent once it is stored, so a
 streaming response on a keyed route arrives whole. An exception out of the app marks the
@@ -24,10 +24,10 @@ a response the framework made of an exception (a 500 page) is a response, and is
 from __future__ import annotations
 
 import asyncio
+import threading
 from typing import Any, Awaitable, Callable, MutableMapping, Optional
 
 from . import _native, _web
-from ._mailbox import later
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -69,14 +69,13 @@ class IdempotencyMiddleware:
         body = await self._body(keyed, receive, send)
         if body is None:
             return
-        # A memory: store waits on nothing: its claim runs here, where a hop to idem's
-        # runtime and back would cost more than the claim. Another store's claim runs as a
-        # task on that runtime (a wait for a duplicate in flight holds no thread), unless the
-        # completed-record cache already holds the replay.
+        # A memory: store waits on nothing: its claim runs here, where a hop to a thread
+        # and back would cost more than the claim. Another store's claim goes to a thread,
+        # unless the completed-record cache already holds the replay.
         if keyed.inline:
             begun = self.front.begin(keyed, body)
         else:
-            begun = self.front.replay(keyed, body) or await later(self.front.begin_then, keyed, body)
+            begun = self.front.replay(keyed, body) or await _off_loop(self.front.begin, keyed, body, own_thread=keyed.waits)
         if isinstance(begun, tuple):
             await _reply(send, begun)
             return
@@ -108,6 +107,7 @@ class IdempotencyMiddleware:
 
     async def _execute(self, execution: Any, scope: Scope, body: bytes, receive: Receive, send: Send) -> None:
         """Runs the app on the buffered body, buffers its response, stores it, sends it."""
+        loop = asyncio.get_running_loop()
         delivered = False
 
         async def replayed_body() -> Message:
@@ -143,15 +143,41 @@ class IdempotencyMiddleware:
             await self.app(scope, replayed_body, captured)
         except BaseException:
             # Whatever the handler did before raising is unknown: never released.
-            await asyncio.shield(later(execution.unknown_then))
+            await asyncio.shield(loop.run_in_executor(None, execution.unknown))
             raise
         if status is None or not done or too_large:
-            reply = await later(execution.failed_then)
+            reply = await loop.run_in_executor(None, execution.failed)
         elif execution.inline:
             reply = execution.finish(status, headers, b"".join(parts))
         else:
-            reply = await later(execution.finish_then, status, headers, b"".join(parts))
+            reply = await loop.run_in_executor(None, execution.finish, status, headers, b"".join(parts))
         await _reply(send, reply)
+
+
+async def _off_loop(fn: Callable, *args: Any, own_thread: bool = False) -> Any:
+    """``fn(*args)`` off the event loop: on the loop's default executor, or, for a claim that
+    may wait for a duplicate in flight, on a thread of its own. Waits must not hold the
+    executor's few threads: the first request's store write, which would end them, would
+    queue behind them until their wait ran out (16 duplicates on a 6-thread pool did)."""
+    loop = asyncio.get_running_loop()
+    if not own_thread:
+        return await loop.run_in_executor(None, fn, *args)
+    done: asyncio.Future = loop.create_future()
+
+    def settle(ok: bool, value: Any) -> None:
+        if not done.done():
+            (done.set_result if ok else done.set_exception)(value)
+
+    def run() -> None:
+        try:
+            value = fn(*args)
+        except BaseException as e:  # noqa: BLE001
+            loop.call_soon_threadsafe(settle, False, e)
+        else:
+            loop.call_soon_threadsafe(settle, True, value)
+
+    threading.Thread(target=run, name="idem-wait", daemon=True).start()
+    return await done
 
 
 class _deadline:
