@@ -202,9 +202,9 @@ impl Store {
     /// As [`Store::begin`], without blocking the calling thread: the claim runs as a task on
     /// the process's runtime, and `done` gets what it came to, on one of the runtime's
     /// threads (an error in its place if the task panics). For a host whose calling thread
-    /// must not block (Node's event loop). A wait
-    /// for a duplicate in flight holds no thread. An error in the call's own values (the key,
-    /// the key fields) is returned at once and `done` is not called.
+    /// must not block (Node's event loop). A wait for a duplicate in flight holds no thread.
+    /// An error in the call's own values (the key, the key fields) is returned at once and
+    /// `done` is not called.
     pub fn begin_then<F>(
         &self,
         key: &str,
