@@ -193,9 +193,13 @@ impl Store {
         fields: Option<&KeyFields>,
         policy: &ToolPolicy,
     ) -> Result<Claimed, EmbedError> {
-        let (key, fingerprint) = derived(key, scope, tool, args, ordinal, secret, fields)?;
+        let args = key_args(args, fields)?;
+        let key = match key {
+            Some(k) => Key::new(k)?,
+            None => idem_keys::derive(scope, tool, &args, ordinal, secret)?,
+        };
         let text = key.as_str().to_owned();
-        let started = self.claim(key, fingerprint, policy)?;
+        let started = self.claim(key, Fingerprint::json_call(tool, &args), policy)?;
         Ok(Claimed { key: text, started })
     }
 
@@ -218,19 +222,6 @@ impl Store {
         F: FnOnce(Result<Started, EmbedError>) + Send + 'static,
     {
         let (key, fingerprint) = claim_of(key, tool, args, fields)?;
-        self.claim_then(key, fingerprint, policy, done)
-    }
-
-    fn claim_then<F>(
-        &self,
-        key: Key,
-        fingerprint: Fingerprint,
-        policy: &ToolPolicy,
-        done: F,
-    ) -> Result<(), EmbedError>
-    where
-        F: FnOnce(Result<Started, EmbedError>) + Send + 'static,
-    {
         let Bound { host, engine, .. } = self.bound()?;
         let policy = policy.0.clone();
         let on = host.clone();
@@ -298,25 +289,6 @@ fn claim_of(
 ) -> Result<(Key, Fingerprint), EmbedError> {
     let key = Key::new(key)?;
     let args = key_args(args, fields)?;
-    Ok((key, Fingerprint::json_call(tool, &args)))
-}
-
-/// The key of a call (`key`, a caller's explicit one, or derived from the selected
-/// arguments) and its fingerprint over the same selection.
-fn derived(
-    key: Option<&str>,
-    scope: &str,
-    tool: &str,
-    args: &Value,
-    ordinal: u64,
-    secret: Option<&[u8]>,
-    fields: Option<&KeyFields>,
-) -> Result<(Key, Fingerprint), EmbedError> {
-    let args = key_args(args, fields)?;
-    let key = match key {
-        Some(k) => Key::new(k)?,
-        None => idem_keys::derive(scope, tool, &args, ordinal, secret)?,
-    };
     Ok((key, Fingerprint::json_call(tool, &args)))
 }
 
