@@ -54,11 +54,18 @@ fn scratch_dir(name: &str) -> PathBuf {
     dir
 }
 
-fn wait_listening(port: u16) -> std::io::Result<()> {
+/// Waits until something listens on `port`; fails early if `child` (the server meant to)
+/// has exited.
+fn wait_listening(port: u16, mut child: Option<&mut Child>) -> std::io::Result<()> {
     let deadline = Instant::now() + Duration::from_secs(10);
     while Instant::now() < deadline {
         if TcpStream::connect(("127.0.0.1", port)).is_ok() {
             return Ok(());
+        }
+        if let Some(status) = child.as_mut().and_then(|c| c.try_wait().ok().flatten()) {
+            return Err(std::io::Error::other(format!(
+                "redis-server on 127.0.0.1:{port} exited at start ({status})"
+            )));
         }
         std::thread::sleep(Duration::from_millis(10));
     }
@@ -80,17 +87,27 @@ impl RedisServer {
             .spawn()
     }
 
-    fn launch(name: &str, port: u16, args: Vec<String>) -> std::io::Result<RedisServer> {
-        let dir = scratch_dir(name);
-        let child = Self::spawn(port, &dir, &args)?;
-        let server = RedisServer {
-            child: Some(child),
-            port,
-            dir,
-            args,
-        };
-        wait_listening(port)?;
-        Ok(server)
+    /// A server on a free pair of ports (the port and its cluster bus, +10,000). A port seen
+    /// free can be taken before the server binds it (tests start servers in parallel), and
+    /// the server then exits at once: it is started again on another pair, up to 5 times.
+    fn launch(name: &str, args: Vec<String>) -> std::io::Result<RedisServer> {
+        let mut last = None;
+        for _ in 0..5 {
+            let port = free_port_pair();
+            let dir = scratch_dir(name);
+            let child = Self::spawn(port, &dir, &args)?;
+            let mut server = RedisServer {
+                child: Some(child),
+                port,
+                dir,
+                args: args.clone(),
+            };
+            match wait_listening(port, server.child.as_mut()) {
+                Ok(()) => return Ok(server),
+                Err(e) => last = Some(e),
+            }
+        }
+        Err(last.unwrap_or_else(|| std::io::Error::other("redis-server was not started")))
     }
 
     /// A server of its own; `None` (skipped) when `redis-server` cannot run.
@@ -104,7 +121,7 @@ impl RedisServer {
                 "always".into(),
             ],
         };
-        match Self::launch("redis", free_port_pair(), args) {
+        match Self::launch("redis", args) {
             Ok(s) => Some(s),
             Err(e) => {
                 crate::skip(test, &format!("cannot run redis-server: {e}"));
@@ -138,7 +155,7 @@ impl RedisServer {
             Ok(c) => self.child = Some(c),
             Err(e) => panic!("restarting redis-server: {e}"),
         }
-        if let Err(e) = wait_listening(self.port) {
+        if let Err(e) = wait_listening(self.port, self.child.as_mut()) {
             panic!("{e}");
         }
     }
@@ -233,12 +250,9 @@ impl RedisCluster {
     pub fn start(test: &str) -> Option<RedisCluster> {
         let mut nodes = Vec::new();
         for _ in 0..6 {
-            let port = free_port_pair();
             let args = vec![
                 "--cluster-enabled".into(),
                 "yes".into(),
-                "--cluster-config-file".into(),
-                format!("nodes-{port}.conf"),
                 "--cluster-node-timeout".into(),
                 Self::NODE_TIMEOUT_MS.to_string(),
                 "--appendonly".into(),
@@ -253,7 +267,7 @@ impl RedisCluster {
                 "--enable-debug-command".into(),
                 "local".into(),
             ];
-            match RedisServer::launch("redis-cluster", port, args) {
+            match RedisServer::launch("redis-cluster", args) {
                 Ok(s) => nodes.push(s),
                 Err(e) => {
                     crate::skip(test, &format!("cannot run redis-server: {e}"));
