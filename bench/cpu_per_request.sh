@@ -12,12 +12,14 @@
 # with a small JSON body. The rows:
 #   nginx reverse proxy (1 worker, keep-alive upstream)        the baseline, 1.00
 #   idem serve on memory, SQLite, Redis, PostgreSQL: new keys and replays
+#   the floor: idem serve forwarding an unkeyed POST, and a bare hyper proxy (no idem) with
+#   hyper-util's pooled client and with request-driven upstream connections
 #   idempotent-proxy (ldclabs) on memory and on Redis, when PEER_BIN names its server binary
 # For Redis and PostgreSQL the store server's own CPU per request is given beside the
 # gateway's (redis-server's process; every postgres process of the cluster), and for every idem
 # row the split by thread (tokio's workers summed under one name).
 #
-#   bash bench/cpu_per_request.sh [DURATION_SECONDS=5] [ROWS="nginx memory sqlite redis postgres peer"]
+#   bash bench/cpu_per_request.sh [DURATION_SECONDS=5] [ROWS="nginx memory floor sqlite redis postgres peer"]
 #   IDEM_BIN=/path/to/idem bash bench/cpu_per_request.sh ...     # another build's binary
 #   PEER_BIN=/path/to/idempotent-proxy-server bash bench/cpu_per_request.sh ...
 #
@@ -29,7 +31,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 DURATION=${1:-5}
-ROWS=${2:-nginx memory sqlite redis postgres peer}
+ROWS=${2:-nginx memory floor sqlite redis postgres peer}
 CONNS=64
 WORK=$(mktemp -d)
 PG=postgres://postgres@127.0.0.1:5432/test
@@ -53,6 +55,12 @@ trap cleanup EXIT
 . bench/common.sh
 idem_binary
 write_load "$WORK"
+# A POST with the same body and no key, to a path no route keys: forwarded as it is.
+cat >"$WORK/pass.lua" <<LUA
+wrk.method = "POST"
+wrk.body = '$BODY'
+wrk.headers["Content-Type"] = "application/json"
+LUA
 
 # Starts one nginx with one worker, its files in WORK/NAME, serving SERVER (the body of its one
 # `server` block) beside the `http`-level lines given in EXTRA.
@@ -159,6 +167,26 @@ idem_rows() { # NAME PORT STORE SERVER_PIDS
   stop "$GW"
 }
 
+# The floor under the forwarding path, in two steps: idem serve forwarding a POST that no
+# route keys (the server, the proxy and the layer's admission, no store), and the bare hyper
+# proxy of crates/idem-gateway/examples/bare_proxy.rs (the same server, threads and client,
+# nothing of idem's), with hyper-util's pooled client as idem uses it and with connections
+# the request drives itself.
+floor_rows() {
+  start_idem 18309 memory:
+  row "idem serve, a POST no route keys (forwarded, no store)" 18309 pass.lua /v1/unkeyed "$GW" "" "$GW"
+  stop "$GW"
+  cargo build --release -q -p idem-gateway --example bare_proxy
+  local mode pid
+  for mode in pooled driven; do
+    "${CARGO_TARGET_DIR:-target}/release/examples/bare_proxy" 127.0.0.1:18310 "$mode" "127.0.0.1:$UPSTREAM" 2 &
+    pid=$!
+    wait_port 18310
+    row "bare hyper proxy ($mode upstream connections)" 18310 pass.lua /v1/unkeyed "$pid" "" "$pid"
+    stop "$pid"
+  done
+}
+
 # The peer takes its upstream from an URL_ variable named in the path, and its settings from a
 # .env file in its working directory.
 peer_rows() { # NAME PORT REDIS_URL
@@ -194,6 +222,7 @@ for r in $ROWS; do
   case $r in
     nginx) ;;
     memory) idem_rows memory 18303 memory: "" ;;
+    floor) floor_rows ;;
     sqlite) idem_rows SQLite 18304 "sqlite:$WORK/idem.db" "" ;;
     redis) idem_rows Redis 18305 "redis://127.0.0.1:6379/?prefix=$PREFIX&durability=volatile" redis_pid ;;
     postgres) idem_rows PostgreSQL 18306 "$PG?schema=$SCHEMA" postgres_pids ;;

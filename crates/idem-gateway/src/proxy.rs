@@ -27,9 +27,29 @@ use tower::Service;
 
 use crate::config::Settings;
 
-/// The client's address, put into request extensions by the server.
-#[derive(Debug, Clone, Copy)]
-pub struct ClientAddr(pub SocketAddr);
+/// The client's address, put into request extensions by the server. Made once per
+/// connection, with the address already written as the `X-Forwarded-For` value the proxy
+/// adds to each of its requests.
+#[derive(Debug, Clone)]
+pub struct ClientAddr {
+    addr: SocketAddr,
+    forwarded_for: Option<HeaderValue>,
+}
+
+impl ClientAddr {
+    /// The client at `addr`.
+    pub fn new(addr: SocketAddr) -> Self {
+        ClientAddr {
+            addr,
+            forwarded_for: HeaderValue::from_str(&addr.ip().to_string()).ok(),
+        }
+    }
+
+    /// The client's address.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+}
 
 /// The connector `idem serve` reaches its upstream with: TCP, and TLS for an `https://` one.
 pub type UpstreamConnector = HttpsConnector<HttpConnector>;
@@ -66,11 +86,33 @@ const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
 const X_FORWARDED_HOST: HeaderName = HeaderName::from_static("x-forwarded-host");
 const X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
 
+/// Where `name` is in [`HOP_BY_HOP`]: a comparison of strings, cheaper than of `HeaderName`s
+/// for the custom ones.
+fn hop_by_hop_index(name: &HeaderName) -> Option<usize> {
+    Some(match name.as_str() {
+        "connection" => 0,
+        "keep-alive" => 1,
+        "proxy-connection" => 2,
+        "proxy-authenticate" => 3,
+        "proxy-authorization" => 4,
+        "te" => 5,
+        "trailer" => 6,
+        "upgrade" => 7,
+        _ => return None,
+    })
+}
+
 /// Removes hop-by-hop headers, including those the `Connection` header names.
 /// (`transfer-encoding` is left to hyper, which frames each side itself.) Most messages carry
-/// none, so one pass over the names decides whether anything is to be removed at all.
+/// none, or only `Connection: keep-alive` (nginx sends it with every answer), so one pass over
+/// the names finds which are there; only those are removed, and nothing is allocated unless
+/// `Connection` names a header that is not hop-by-hop already.
 fn strip_hop_by_hop(headers: &mut HeaderMap) {
-    if !headers.keys().any(|name| HOP_BY_HOP.contains(name)) {
+    let present = headers
+        .keys()
+        .filter_map(hop_by_hop_index)
+        .fold(0u8, |mask, i| mask | 1 << i);
+    if present == 0 {
         return;
     }
     let named: Vec<HeaderName> = headers
@@ -79,12 +121,15 @@ fn strip_hop_by_hop(headers: &mut HeaderMap) {
         .filter_map(|v| v.to_str().ok())
         .flat_map(|v| v.split(','))
         .filter_map(|name| HeaderName::from_bytes(name.trim().as_bytes()).ok())
+        .filter(|name| hop_by_hop_index(name).is_none())
         .collect();
     for name in named {
         headers.remove(name);
     }
-    for name in HOP_BY_HOP {
-        headers.remove(name);
+    for (i, name) in HOP_BY_HOP.into_iter().enumerate() {
+        if present & 1 << i != 0 {
+            headers.remove(name);
+        }
     }
 }
 
@@ -231,9 +276,10 @@ impl<C: Connect + Clone + Send + Sync + 'static> Proxy<C> {
     /// already, this keeps the proxy safe on its own). An absolute-form target is forwarded
     /// by its path, like the origin form; the other forms name no path.
     fn target(&self, uri: &Uri) -> Result<Uri, Unforwardable> {
+        let root = http::uri::PathAndQuery::from_static("/");
         let pq = match uri.path_and_query() {
-            Some(pq) if pq.path().starts_with('/') => pq.as_str(),
-            None if uri.scheme().is_some() => "/",
+            Some(pq) if pq.path().starts_with('/') => pq,
+            None if uri.scheme().is_some() => &root,
             _ => {
                 return Err(Unforwardable::Refused(Problem::RequestInvalid(format!(
                     "The request target {:?} is not a path (origin or absolute form), so there is nothing to forward",
@@ -245,13 +291,17 @@ impl<C: Connect + Clone + Send + Sync + 'static> Proxy<C> {
             .map_err(|e| Unforwardable::Refused(Problem::RequestInvalid(e.to_string())))?;
         let prefix = self.upstream.path().trim_end_matches('/');
         let mut parts = self.upstream.clone().into_parts();
-        let built = format!("{prefix}{pq}")
-            .parse()
-            .map_err(http::Error::from)
-            .and_then(|pq| {
-                parts.path_and_query = Some(pq);
-                Uri::from_parts(parts).map_err(http::Error::from)
-            });
+        // Without a prefix the request's own path and query are forwarded as they are: a
+        // clone of shared bytes, not a string to format and parse again.
+        let pq = if prefix.is_empty() {
+            Ok(pq.clone())
+        } else {
+            format!("{prefix}{pq}").parse().map_err(http::Error::from)
+        };
+        let built = pq.and_then(|pq| {
+            parts.path_and_query = Some(pq);
+            Uri::from_parts(parts).map_err(http::Error::from)
+        });
         built.map_err(Unforwardable::Unbuildable)
     }
 
@@ -288,7 +338,7 @@ impl<C: Connect + Clone + Send + Sync + 'static> Proxy<C> {
             }
         };
         let original_host = req.headers().get(header::HOST).cloned();
-        let client = req.extensions().get::<ClientAddr>().copied();
+        let client = req.extensions_mut().remove::<ClientAddr>();
         *req.uri_mut() = target;
         let headers = req.headers_mut();
         strip_hop_by_hop(headers);
@@ -300,13 +350,16 @@ impl<C: Connect + Clone + Send + Sync + 'static> Proxy<C> {
         if let Some(host) = original_host {
             headers.insert(X_FORWARDED_HOST, host);
         }
-        if let Some(ClientAddr(addr)) = client {
-            let ip = addr.ip().to_string();
-            let value = match headers.get(X_FORWARDED_FOR).and_then(|v| v.to_str().ok()) {
-                Some(prior) => format!("{prior}, {ip}"),
-                None => ip,
+        if let Some(ip) = client.and_then(|c| c.forwarded_for) {
+            let value = match headers.get(X_FORWARDED_FOR).map(HeaderValue::to_str) {
+                None => Ok(ip),
+                Some(Ok(prior)) => {
+                    HeaderValue::from_str(&format!("{prior}, {}", ip.to_str().unwrap_or_default()))
+                }
+                // A prior value that is not text is replaced, as before.
+                Some(Err(_)) => Ok(ip),
             };
-            if let Ok(v) = HeaderValue::from_str(&value) {
+            if let Ok(v) = value {
                 headers.insert(X_FORWARDED_FOR, v);
             }
         }
@@ -606,6 +659,25 @@ mod tests {
         strip_hop_by_hop(&mut h);
         let left: Vec<&str> = h.keys().map(|k| k.as_str()).collect();
         assert_eq!(left, vec!["idempotency-key", "authorization"]);
+
+        // Every one of the list goes, by its index; a message with none is left alone.
+        for name in HOP_BY_HOP {
+            let mut h = HeaderMap::new();
+            h.insert(name.clone(), HeaderValue::from_static("x"));
+            h.insert("content-type", HeaderValue::from_static("application/json"));
+            strip_hop_by_hop(&mut h);
+            assert_eq!(h.len(), 1, "{name}");
+            assert!(h.contains_key("content-type"));
+        }
+        // Connection naming hop-by-hop headers only, as nginx's `keep-alive` does.
+        let mut h = HeaderMap::new();
+        h.insert("connection", HeaderValue::from_static("Keep-Alive, TE"));
+        h.append("connection", HeaderValue::from_static("x-named"));
+        h.insert("x-named", HeaderValue::from_static("1"));
+        h.insert("x-kept", HeaderValue::from_static("1"));
+        strip_hop_by_hop(&mut h);
+        let left: Vec<&str> = h.keys().map(|k| k.as_str()).collect();
+        assert_eq!(left, vec!["x-kept"]);
     }
 
     #[test]

@@ -191,7 +191,7 @@ where
     move |peer: SocketAddr| {
         TowerToHyperService::new(Detached {
             service: service.clone(),
-            peer,
+            peer: ClientAddr::new(peer),
             tasks: detached.clone(),
         })
     }
@@ -367,7 +367,8 @@ pub(crate) fn serve_connection<I, S, B>(
 #[derive(Clone)]
 struct Detached<S> {
     service: S,
-    peer: SocketAddr,
+    /// The client, made once for the connection's requests.
+    peer: ClientAddr,
     /// Every request that had to move to a task of its own, so that a shutdown waits for
     /// executions whose clients hung up: their connections are closed, so waiting for
     /// connections alone would drop them with their results unstored, and their keys would
@@ -396,7 +397,7 @@ where
     }
 
     fn call(&mut self, mut req: http::Request<B>) -> Self::Future {
-        req.extensions_mut().insert(ClientAddr(self.peer));
+        req.extensions_mut().insert(self.peer.clone());
         Inline {
             run: Some(Box::pin(self.service.call(req))),
             tasks: self.tasks.clone(),

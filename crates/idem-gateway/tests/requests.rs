@@ -260,3 +260,80 @@ async fn a_segment_of_parameters_alone_needs_the_key_of_a_param_route() {
     }
     assert_eq!(up.seen(), Vec::<String>::new());
 }
+
+/// What the upstream is told about the hop: its own authority as `Host`, the client's in
+/// `X-Forwarded-Host`, the client's address appended to `X-Forwarded-For`, `http` as
+/// `X-Forwarded-Proto` and no `Forwarded` of the client's; hop-by-hop headers stop at the
+/// gateway both ways, those `Connection` names included.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_upstream_is_told_the_hop_and_hop_by_hop_headers_stop_at_the_gateway() {
+    use axum::http::HeaderMap;
+    let heard = std::sync::Arc::new(std::sync::Mutex::new(Vec::<HeaderMap>::new()));
+    let app = axum::Router::new().fallback({
+        let heard = heard.clone();
+        move |headers: HeaderMap| async move {
+            if let Ok(mut h) = heard.lock() {
+                h.push(headers);
+            }
+            (
+                [
+                    ("connection", "keep-alive, x-upstream-hop"),
+                    ("x-upstream-hop", "1"),
+                    ("keep-alive", "timeout=5"),
+                    ("x-kept", "1"),
+                ],
+                "ok",
+            )
+        }
+    });
+    let up_addr = serve_on_loopback(app).await;
+    let g = start_gateway(&format!("http://{up_addr}")).await;
+    let heard_one = |extra: &str| {
+        let heard = heard.clone();
+        let extra = extra.to_owned();
+        let addr = g.addr;
+        async move {
+            let r = raw(addr, &request("POST", "/v1/unkeyed", &extra, BODY)).await;
+            assert_eq!(r.status(), 200, "{}", r.text);
+            assert!(
+                !r.text.to_ascii_lowercase().contains("x-upstream-hop"),
+                "{}",
+                r.text
+            );
+            assert!(
+                r.text.to_ascii_lowercase().contains("x-kept: 1"),
+                "{}",
+                r.text
+            );
+            heard
+                .lock()
+                .ok()
+                .and_then(|mut h| h.pop())
+                .unwrap_or_default()
+        }
+    };
+    let value = |h: &HeaderMap, name: &str| {
+        h.get_all(name)
+            .iter()
+            .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned())
+            .collect::<Vec<_>>()
+            .join("|")
+    };
+
+    let h = heard_one("").await;
+    assert_eq!(value(&h, "host"), up_addr.to_string());
+    assert_eq!(value(&h, "x-forwarded-host"), "gw.test");
+    assert_eq!(value(&h, "x-forwarded-for"), "127.0.0.1");
+    assert_eq!(value(&h, "x-forwarded-proto"), "http");
+
+    let h = heard_one(
+        "x-forwarded-for: 203.0.113.7\r\nforwarded: for=198.51.100.1\r\nx-forwarded-host: evil.test\r\nte: trailers\r\nx-client-hop: 1\r\nx-end-to-end: 1\r\nconnection: x-client-hop\r\n",
+    )
+    .await;
+    assert_eq!(value(&h, "x-forwarded-for"), "203.0.113.7, 127.0.0.1");
+    assert_eq!(value(&h, "x-forwarded-host"), "gw.test");
+    assert_eq!(value(&h, "forwarded"), "");
+    assert_eq!(value(&h, "te"), "");
+    assert_eq!(value(&h, "x-client-hop"), "");
+    assert_eq!(value(&h, "x-end-to-end"), "1");
+}

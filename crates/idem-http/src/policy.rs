@@ -409,6 +409,10 @@ pub fn screen_path(path: &str) -> Result<(), Unmatched> {
 
 /// Whether `path` holds `%00`..`%1F` or `%7F`.
 fn has_encoded_control(path: &str) -> bool {
+    // Most paths hold no escape at all: one scan for `%` decides.
+    if !path.contains('%') {
+        return false;
+    }
     path.as_bytes().windows(3).any(|w| {
         w[0] == b'%'
             && std::str::from_utf8(&w[1..])
