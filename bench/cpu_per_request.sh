@@ -179,7 +179,7 @@ floor_rows() {
   cargo build --release -q -p idem-gateway --example bare_proxy
   local mode pid
   for mode in pooled driven; do
-    "${CARGO_TARGET_DIR:-target}/release/examples/bare_proxy" 127.0.0.1:18310 "$mode" "127.0.0.1:$UPSTREAM" 2 &
+    "${CARGO_TARGET_DIR:-target}/release/examples/bare_proxy" 127.0.0.1:18310 "$mode" "127.0.0.1:$UPSTREAM" "$(nproc)" &
     pid=$!
     wait_port 18310
     row "bare hyper proxy ($mode upstream connections)" 18310 pass.lua /v1/unkeyed "$pid" "" "$pid"

@@ -48,7 +48,7 @@ measure() { # label script path [bare MODE]
   local out="$WORK/callgrind.$2.${4:-idem}${5:-}"
   if [ -n "${4:-}" ]; then
     valgrind --tool=callgrind --callgrind-out-file="$out" "$BARE" 127.0.0.1:18103 "$5" \
-      127.0.0.1:18101 2 >/dev/null 2>"$out.log" &
+      127.0.0.1:18101 "$(nproc)" >/dev/null 2>"$out.log" &
   else
     IDEM_LOG=error valgrind --tool=callgrind --callgrind-out-file="$out" "$IDEM" serve \
       --listen 127.0.0.1:18103 --admin-listen 127.0.0.1:18113 --upstream http://127.0.0.1:18101 \

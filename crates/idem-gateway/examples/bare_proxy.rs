@@ -1,10 +1,11 @@
 //! The floor under `idem serve`'s forwarding path: a reverse proxy built from the same parts
 //! (hyper's HTTP/1 server and client, one single-threaded runtime per serving thread,
-//! connections handed out by one acceptor) with no idempotency layer, no
-//! proxy hygiene and no timeouts. `bench/cpu_per_request.sh` and
-//! `bench/gateway_instructions.sh` measure it beside nginx and `idem serve`, so their tables
-//! show how much of a request's cost is hyper's, tokio's and the kernel's, and how much idem's.
-//! A measuring tool, not a proxy to deploy: it forwards whatever it is sent.
+//! connections handed out by one acceptor) with no idempotency layer, no timeouts and no
+//! proxy hygiene beyond dropping the upstream's connection headers.
+//! `bench/cpu_per_request.sh` and `bench/gateway_instructions.sh` measure it beside nginx and
+//! `idem serve`, so their tables show how much of a request's cost is hyper's, tokio's and the
+//! kernel's, and how much idem's. A measuring tool, not a proxy to deploy: it forwards
+//! whatever it is sent.
 //!
 //! Two ways to reach the upstream, the second argument:
 //! - `pooled`: hyper-util's pooled client, as `idem serve` uses it. Each pooled connection is
@@ -125,6 +126,14 @@ async fn serve_thread(
                         .map(|r| r.map(BodyExt::boxed_unsync))
                         .map_err(|e| e.to_string())
                 };
+                // The upstream's connection headers are its hop's: passed on, nginx's
+                // `Connection: close` on every thousandth answer would close the client's
+                // connection, a reconnect idem (which strips them) does not pay.
+                let resp = resp.map(|mut resp| {
+                    resp.headers_mut().remove(http::header::CONNECTION);
+                    resp.headers_mut().remove("keep-alive");
+                    resp
+                });
                 Ok::<_, std::convert::Infallible>(resp.unwrap_or_else(|e| {
                     let body = http_body_util::Full::new(Bytes::from(e))
                         .map_err(|never| match never {})

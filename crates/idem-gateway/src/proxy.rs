@@ -102,11 +102,21 @@ fn hop_by_hop_index(name: &HeaderName) -> Option<usize> {
     })
 }
 
+/// Whether a token of a `Connection` value needs no removal of its own: a hop-by-hop name
+/// (removed anyway) or `close`, in any case. nginx sends `Connection: keep-alive` with every
+/// answer; this keeps that from being parsed into a header name, which allocates.
+fn goes_anyway(token: &str) -> bool {
+    token.eq_ignore_ascii_case("close")
+        || HOP_BY_HOP
+            .iter()
+            .any(|h| token.eq_ignore_ascii_case(h.as_str()))
+}
+
 /// Removes hop-by-hop headers, including those the `Connection` header names.
 /// (`transfer-encoding` is left to hyper, which frames each side itself.) Most messages carry
-/// none, or only `Connection: keep-alive` (nginx sends it with every answer), so one pass over
-/// the names finds which are there; only those are removed, and nothing is allocated unless
-/// `Connection` names a header that is not hop-by-hop already.
+/// none, or only `Connection: keep-alive` or `close`, so one pass over the names finds which
+/// are there; only those are removed, and nothing is allocated unless `Connection` names a
+/// header that is not hop-by-hop itself.
 fn strip_hop_by_hop(headers: &mut HeaderMap) {
     let present = headers
         .keys()
@@ -120,8 +130,9 @@ fn strip_hop_by_hop(headers: &mut HeaderMap) {
         .iter()
         .filter_map(|v| v.to_str().ok())
         .flat_map(|v| v.split(','))
-        .filter_map(|name| HeaderName::from_bytes(name.trim().as_bytes()).ok())
-        .filter(|name| hop_by_hop_index(name).is_none())
+        .map(str::trim)
+        .filter(|token| !goes_anyway(token))
+        .filter_map(|name| HeaderName::from_bytes(name.as_bytes()).ok())
         .collect();
     for name in named {
         headers.remove(name);
@@ -296,7 +307,11 @@ impl<C: Connect + Clone + Send + Sync + 'static> Proxy<C> {
         let pq = if prefix.is_empty() {
             Ok(pq.clone())
         } else {
-            format!("{prefix}{pq}").parse().map_err(http::Error::from)
+            // The text as it came: `PathAndQuery`'s `Display` would add a `/` before a
+            // query alone (`http://x?a=1`), which the prefix must not get.
+            format!("{prefix}{}", pq.as_str())
+                .parse()
+                .map_err(http::Error::from)
         };
         let built = pq.and_then(|pq| {
             parts.path_and_query = Some(pq);
@@ -351,13 +366,20 @@ impl<C: Connect + Clone + Send + Sync + 'static> Proxy<C> {
             headers.insert(X_FORWARDED_HOST, host);
         }
         if let Some(ip) = client.and_then(|c| c.forwarded_for) {
-            let value = match headers.get(X_FORWARDED_FOR).map(HeaderValue::to_str) {
-                None => Ok(ip),
-                Some(Ok(prior)) => {
-                    HeaderValue::from_str(&format!("{prior}, {}", ip.to_str().unwrap_or_default()))
-                }
-                // A prior value that is not text is replaced, as before.
-                Some(Err(_)) => Ok(ip),
+            // Every prior line, in order (a list may arrive split over several); one that is
+            // not text makes the whole list untrustworthy, so it is replaced by the client's.
+            let prior: Option<Vec<&str>> = headers
+                .get_all(X_FORWARDED_FOR)
+                .iter()
+                .map(|v| v.to_str().ok())
+                .collect();
+            let value = match prior {
+                Some(prior) if !prior.is_empty() => HeaderValue::from_str(&format!(
+                    "{}, {}",
+                    prior.join(", "),
+                    ip.to_str().unwrap_or_default()
+                )),
+                _ => Ok(ip),
             };
             if let Ok(v) = value {
                 headers.insert(X_FORWARDED_FOR, v);
@@ -700,6 +722,21 @@ mod tests {
         assert_eq!(
             t(p("http://127.0.0.1:3000/api/")),
             "http://127.0.0.1:3000/api/v1/charges?x=1"
+        );
+        // An absolute-form target with a query and no path: the prefix gets the query alone.
+        let query_only = |up: &str| {
+            p(up)
+                .target(&"http://elsewhere?a=1".parse().unwrap())
+                .map(|u| u.to_string())
+                .unwrap_or_default()
+        };
+        assert_eq!(
+            query_only("http://127.0.0.1:3000/api"),
+            "http://127.0.0.1:3000/api?a=1"
+        );
+        assert_eq!(
+            query_only("http://127.0.0.1:3000"),
+            "http://127.0.0.1:3000/?a=1"
         );
     }
 

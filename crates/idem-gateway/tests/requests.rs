@@ -295,11 +295,10 @@ async fn the_upstream_is_told_the_hop_and_hop_by_hop_headers_stop_at_the_gateway
         async move {
             let r = raw(addr, &request("POST", "/v1/unkeyed", &extra, BODY)).await;
             assert_eq!(r.status(), 200, "{}", r.text);
-            assert!(
-                !r.text.to_ascii_lowercase().contains("x-upstream-hop"),
-                "{}",
-                r.text
-            );
+            let lower = r.text.to_ascii_lowercase();
+            for hop in ["x-upstream-hop", "keep-alive: timeout"] {
+                assert!(!lower.contains(hop), "{hop}: {}", r.text);
+            }
             assert!(
                 r.text.to_ascii_lowercase().contains("x-kept: 1"),
                 "{}",
@@ -325,6 +324,8 @@ async fn the_upstream_is_told_the_hop_and_hop_by_hop_headers_stop_at_the_gateway
     assert_eq!(value(&h, "x-forwarded-host"), "gw.test");
     assert_eq!(value(&h, "x-forwarded-for"), "127.0.0.1");
     assert_eq!(value(&h, "x-forwarded-proto"), "http");
+    // The client's `Connection: close` is its own hop's.
+    assert_eq!(value(&h, "connection"), "");
 
     let h = heard_one(
         "x-forwarded-for: 203.0.113.7\r\nforwarded: for=198.51.100.1\r\nx-forwarded-host: evil.test\r\nte: trailers\r\nx-client-hop: 1\r\nx-end-to-end: 1\r\nconnection: x-client-hop\r\n",
@@ -336,4 +337,16 @@ async fn the_upstream_is_told_the_hop_and_hop_by_hop_headers_stop_at_the_gateway
     assert_eq!(value(&h, "te"), "");
     assert_eq!(value(&h, "x-client-hop"), "");
     assert_eq!(value(&h, "x-end-to-end"), "1");
+    assert_eq!(value(&h, "connection"), "");
+
+    // A list split over several lines is kept whole, in order.
+    let h = heard_one(
+        "x-forwarded-for: 203.0.113.7\r\nx-forwarded-for: 198.51.100.2, 192.0.2.9\r\nconnection: KEEP-ALIVE , Te\r\nkeep-alive: timeout=5\r\n",
+    )
+    .await;
+    assert_eq!(
+        value(&h, "x-forwarded-for"),
+        "203.0.113.7, 198.51.100.2, 192.0.2.9, 127.0.0.1"
+    );
+    assert_eq!(value(&h, "keep-alive"), "");
 }
