@@ -86,20 +86,10 @@ const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
 const X_FORWARDED_HOST: HeaderName = HeaderName::from_static("x-forwarded-host");
 const X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
 
-/// Where `name` is in [`HOP_BY_HOP`]: a comparison of strings, cheaper than of `HeaderName`s
-/// for the custom ones.
+/// Where `name` is in [`HOP_BY_HOP`]: compared as strings, which is cheaper than comparing
+/// `HeaderName`s for the custom ones.
 fn hop_by_hop_index(name: &HeaderName) -> Option<usize> {
-    Some(match name.as_str() {
-        "connection" => 0,
-        "keep-alive" => 1,
-        "proxy-connection" => 2,
-        "proxy-authenticate" => 3,
-        "proxy-authorization" => 4,
-        "te" => 5,
-        "trailer" => 6,
-        "upgrade" => 7,
-        _ => return None,
-    })
+    HOP_BY_HOP.iter().position(|h| h.as_str() == name.as_str())
 }
 
 /// Whether a token of a `Connection` value needs no removal of its own: a hop-by-hop name
