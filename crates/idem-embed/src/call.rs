@@ -22,7 +22,8 @@ use serde_json::Value;
 
 use crate::{
     EmbedError, KeyFields,
-    host::{Host, fresh_tokens, host},
+    driven::{Lent, Pool},
+    host::{Host, Opened, fresh_tokens, host},
     key_args,
 };
 
@@ -97,6 +98,8 @@ struct Bound {
     pid: u32,
     host: Arc<Host>,
     engine: Engine<AnyStore>,
+    /// The handles a blocking call drives itself, for a store that gains by them.
+    pool: Option<Arc<Pool>>,
 }
 
 /// What [`Store::start`] derived and began.
@@ -132,16 +135,26 @@ impl Store {
             // that moment, and the child would wait on it forever, so the child never
             // touches it and asks the host each time.
             let host = host()?;
-            let engine = host.engine(&self.url)?;
-            return Ok(Bound { pid, host, engine });
+            let Opened { engine, pool } = host.opened(&self.url)?;
+            return Ok(Bound {
+                pid,
+                host,
+                engine,
+                pool,
+            });
         }
         let mut cached = self.bound.lock().unwrap_or_else(PoisonError::into_inner);
         if let Some(b) = cached.as_ref().filter(|b| b.pid == pid) {
             return Ok(b.clone());
         }
         let host = host()?;
-        let engine = host.engine(&self.url)?;
-        let b = Bound { pid, host, engine };
+        let Opened { engine, pool } = host.opened(&self.url)?;
+        let b = Bound {
+            pid,
+            host,
+            engine,
+            pool,
+        };
         // A pair inherited by fork is leaked, as the host leaks its own (see crate::host).
         if let Some(inherited) = cached.replace(b.clone()) {
             std::mem::forget(inherited);
@@ -226,27 +239,50 @@ impl Store {
         let policy = policy.0.clone();
         let on = host.clone();
         on.spawn_then(
-            async move { Self::claimed(&engine, host, key, fingerprint, &policy).await },
+            async move { Self::claimed(&engine, host, None, key, fingerprint, &policy).await },
             done,
             || Err(EmbedError::Store(task_ended("claim"))),
         );
         Ok(())
     }
 
+    /// Claims on the calling thread: over a handle it drives itself when the store has them
+    /// (`driven.rs`), which the ticket keeps until its completion; else on the runtime.
     fn claim(
         &self,
         key: Key,
         fingerprint: Fingerprint,
         policy: &ToolPolicy,
     ) -> Result<Started, EmbedError> {
-        let Bound { host, engine, .. } = self.bound()?;
-        host.clone()
-            .block_on(Self::claimed(&engine, host, key, fingerprint, &policy.0))
+        let Bound {
+            host, engine, pool, ..
+        } = self.bound()?;
+        let Some(pool) = pool else {
+            return host.clone().block_on(Self::claimed(
+                &engine,
+                host,
+                None,
+                key,
+                fingerprint,
+                &policy.0,
+            ));
+        };
+        let mut lent = pool.lend()?;
+        let engine = lent.engine();
+        let claiming = Self::claimed(&engine, host, None, key, fingerprint, &policy.0);
+        match lent.block_on(claiming)? {
+            Started::Execute(ticket) => Ok(Started::Execute(Ticket {
+                lent: Some(lent),
+                ..ticket
+            })),
+            prior => Ok(prior),
+        }
     }
 
     async fn claimed(
         engine: &Engine<AnyStore>,
         host: Arc<Host>,
+        lent: Option<Lent>,
         key: Key,
         fingerprint: Fingerprint,
         policy: &Policy,
@@ -255,7 +291,11 @@ impl Store {
             .begin::<()>(tool_scope(), key, fingerprint, policy)
             .await?;
         Ok(match begun {
-            Begun::Execute(execution) => Started::Execute(Ticket { execution, host }),
+            Begun::Execute(execution) => Started::Execute(Ticket {
+                execution,
+                host,
+                lent,
+            }),
             Begun::Answered(answer) => Started::Prior(Prior::of(answer)),
         })
     }
@@ -264,9 +304,18 @@ impl Store {
     /// (or it expired).
     pub fn record(&self, key: &str) -> Result<Option<Prior>, EmbedError> {
         let key = Key::new(key)?;
-        let Bound { host, engine, .. } = self.bound()?;
+        let Bound {
+            host, engine, pool, ..
+        } = self.bound()?;
         let scope = tool_scope();
-        let record = host.block_on(idem_core::Store::get(engine.store(), &scope, &key))?;
+        let record = match pool {
+            Some(pool) => {
+                let mut lent = pool.lend()?;
+                let engine = lent.engine();
+                lent.block_on(idem_core::Store::get(engine.store(), &scope, &key))?
+            }
+            None => host.block_on(idem_core::Store::get(engine.store(), &scope, &key))?,
+        };
         Ok(record.map(|r| Prior::from_record(PriorKind::Found, &r)))
     }
 }
@@ -293,6 +342,8 @@ fn claim_of(
 }
 
 /// What [`Store::begin`] came to.
+// A ticket is a few hundred bytes, moved once or twice per call: cheaper than boxing it.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug)]
 pub enum Started {
     /// The key is this call's: run the function, then [`Ticket::finish`].
@@ -308,6 +359,9 @@ pub enum Started {
 pub struct Ticket {
     execution: Execution<AnyStore>,
     host: Arc<Host>,
+    /// The handle the claim went over, when the calling thread drove it: the completion
+    /// goes over it too.
+    lent: Option<Lent>,
 }
 
 /// What the function did.
@@ -346,7 +400,10 @@ pub enum Saved {
 impl Ticket {
     /// Keeps what the function reported (blocking), and wakes duplicates waiting in this
     /// process.
-    pub fn finish(self, report: Report) -> Result<Saved, EmbedError> {
+    pub fn finish(mut self, report: Report) -> Result<Saved, EmbedError> {
+        if let Some(mut lent) = self.lent.take() {
+            return Ok(lent.block_on(self.finished(report)));
+        }
         // The host that began it: a ticket never crosses a fork (the child has no heartbeat).
         let host = self.host.clone();
         Ok(host.block_on(self.finished(report)))
@@ -360,9 +417,21 @@ impl Ticket {
         F: FnOnce(Saved) + Send + 'static,
     {
         let host = self.host.clone();
-        host.spawn_then(self.finished(report), done, || {
-            Saved::Lost(task_ended("completion").to_string())
-        });
+        let lost = || Saved::Lost(task_ended("completion").to_string());
+        if self.lent.is_some() {
+            // Claimed over a handle the claiming thread drove: its completion is driven the
+            // same way, by a thread of the runtime's blocking pool.
+            let completion = async move {
+                match tokio::task::spawn_blocking(move || self.finish(report)).await {
+                    Ok(Ok(saved)) => saved,
+                    Ok(Err(e)) => Saved::Lost(e.to_string()),
+                    Err(_) => lost(),
+                }
+            };
+            host.spawn_then(completion, done, lost);
+            return;
+        }
+        host.spawn_then(self.finished(report), done, lost);
     }
 
     async fn finished(self, report: Report) -> Saved {

@@ -44,15 +44,24 @@ use idem_core::Engine;
 use idem_stores::{AnyStore, StoreUrl};
 
 use crate::EmbedError;
+use crate::driven::Pool;
 
 /// The process's runtime and open stores.
 #[derive(Debug)]
 pub struct Host {
     runtime: tokio::runtime::Runtime,
-    engines: Mutex<HashMap<String, Engine<AnyStore>>>,
+    engines: Mutex<HashMap<String, Opened>>,
     pid: u32,
     /// Set by [`shutdown`]: no store is opened any more.
     closed: AtomicBool,
+}
+
+/// A store opened in this process: its engine, and the handles its blocking callers drive
+/// themselves (`None` for a store that does not gain by them; see `crate::driven`).
+#[derive(Debug, Clone)]
+pub(crate) struct Opened {
+    pub(crate) engine: Engine<AnyStore>,
+    pub(crate) pool: Option<Arc<Pool>>,
 }
 
 /// The runtime could not be started.
@@ -160,8 +169,8 @@ pub fn shutdown() {
         // (and closed here) or sees the flag before it is added (and is closed there).
         let engines = lock(&host.engines);
         host.closed.store(true, Ordering::SeqCst);
-        for engine in engines.values() {
-            engine.store().close();
+        for opened in engines.values() {
+            opened.engine.store().close();
         }
     }
 }
@@ -208,8 +217,13 @@ impl Host {
     /// The engine of a store URL, opened (and its schema created) on first use. Relative
     /// SQLite paths are resolved against the working directory at that moment.
     pub fn engine(&self, url: &str) -> Result<Engine<AnyStore>, EmbedError> {
-        if let Some(engine) = lock(&self.engines).get(url) {
-            return Ok(engine.clone());
+        self.opened(url).map(|o| o.engine)
+    }
+
+    /// As [`Host::engine`], with the pool of handles the store's blocking callers drive.
+    pub(crate) fn opened(&self, url: &str) -> Result<Opened, EmbedError> {
+        if let Some(opened) = lock(&self.engines).get(url) {
+            return Ok(opened.clone());
         }
         let parsed: StoreUrl = url.parse()?;
         sqlite_allowed(&parsed, self.pid)?;
@@ -227,7 +241,11 @@ impl Host {
             // No completed-record cache here (design §9): an in-process replay answered from
             // memory would not count in the record's `replays`, which `idem inspect` shows
             // as the evidence that a framework's re-call was a replay.
-            .or_insert_with(|| Engine::new(store))
+            .or_insert_with(|| {
+                let engine = Engine::new(store);
+                let pool = Pool::for_store(&engine, self.runtime.handle().clone());
+                Opened { engine, pool }
+            })
             .clone())
     }
 }

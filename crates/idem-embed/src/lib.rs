@@ -14,7 +14,8 @@
 //!
 //! The heartbeat runs on the process's runtime ([`host()`]) while the function runs. Stores are
 //! opened once per URL per process and shared by every thread; a forked child gets a runtime
-//! and connections of its own.
+//! and connections of its own. A blocking call on a Redis store makes its round trips on the
+//! calling thread, over a connection lent to it for the call (`driven.rs`).
 //!
 //! Key derivation with a subset of the arguments ([`fields`]) lives here too, so both
 //! languages select fields by the same rules; and the HTTP core for the languages' web
@@ -22,6 +23,7 @@
 //! request exactly as the tower layer and `idem serve` do.
 
 pub mod call;
+mod driven;
 pub mod fields;
 pub mod host;
 pub mod http;

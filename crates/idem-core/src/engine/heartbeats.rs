@@ -18,7 +18,9 @@
 //! The driver looks every [`IDLE_LOOK`] for as long as its engine lives.
 //!
 //! **Runtimes.** A heartbeat runs on the runtime of the call that armed it, as a task spawned
-//! there would have. The driver runs on the runtime of the call that started it. If that
+//! there would have, or on the engine's own when it has one
+//! ([`Engine::beating_on`](super::Engine::beating_on)). The driver runs on the runtime of the
+//! call that started it, the same way. If that
 //! runtime shuts down, the driver's drop starts every heartbeat still pending on its own
 //! call's runtime, to wait there until it is due, and the next call starts a new driver.
 
@@ -107,9 +109,14 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 impl Heartbeats {
-    /// Arms a heartbeat that `start` spawns at `due` unless the execution ends first. Must be
-    /// called on a tokio runtime, where the driver runs.
-    pub(crate) fn arm(&self, due: Instant, start: Start) -> Armed {
+    /// Arms a heartbeat that `start` spawns at `due` unless the execution ends first. A
+    /// driver started here runs on `runtime`.
+    pub(crate) fn arm(
+        &self,
+        runtime: &tokio::runtime::Handle,
+        due: Instant,
+        start: Start,
+    ) -> Armed {
         let (slot, new_driver) = {
             let mut state = lock(&self.shared.state);
             let key = (due, state.next_id);
@@ -135,7 +142,7 @@ impl Heartbeats {
         // Spawned outside the lock: a future spawned onto a runtime that is closing is dropped
         // at once, inside `spawn`, and its guard takes the lock.
         if let Some(gone) = new_driver {
-            drop(tokio::spawn(drive(gone)));
+            drop(runtime.spawn(drive(gone)));
         }
         Armed(slot)
     }

@@ -129,6 +129,27 @@ pub struct Engine<S> {
     completed: Option<CompletedCache>,
     /// The heartbeats of executions begun with [`Engine::begin`], not started yet.
     heartbeats: Heartbeats,
+    /// Where those heartbeats run, when not on the runtime of the call that began them
+    /// ([`Engine::beating_on`]).
+    beats_on: Option<BeatHome<S>>,
+}
+
+/// The runtime and the store handle an engine's heartbeats use instead of the caller's: see
+/// [`Engine::beating_on`].
+#[derive(Debug)]
+struct BeatHome<S> {
+    runtime: tokio::runtime::Handle,
+    store: Arc<MeteredStore<S>>,
+}
+
+// By hand: derived, it would ask `S: Clone`, and an engine clones without that.
+impl<S> Clone for BeatHome<S> {
+    fn clone(&self) -> Self {
+        BeatHome {
+            runtime: self.runtime.clone(),
+            store: self.store.clone(),
+        }
+    }
 }
 
 impl<S: Store> Engine<S> {
@@ -140,6 +161,7 @@ impl<S: Store> Engine<S> {
             poll_interval: DEFAULT_POLL_INTERVAL,
             completed: None,
             heartbeats: Heartbeats::default(),
+            beats_on: None,
         }
     }
 
@@ -174,6 +196,30 @@ impl<S: Store> Engine<S> {
             poll_interval: self.poll_interval,
             completed: self.completed.clone(),
             heartbeats: self.heartbeats.clone(),
+            beats_on: self.beats_on.clone(),
+        }
+    }
+
+    /// As [`Engine::with_store`], for a caller whose runtime runs only while the caller waits
+    /// on it: a host language's thread that blocks on a current-thread runtime of its own
+    /// for each claim and completion, so that the round trips over `store` (a handle
+    /// [`Store::for_this_runtime`] opened on that runtime) are written and answered on the
+    /// calling thread, with no hand-off to another thread and back.
+    ///
+    /// Such a runtime is idle while the caller's function runs, so the heartbeats of
+    /// executions begun through the engine answered here run on `runtime` (multi-threaded)
+    /// over this engine's own store, as they would for a call begun on `runtime`.
+    #[must_use]
+    pub fn beating_on(&self, store: S, runtime: tokio::runtime::Handle) -> Self
+    where
+        S: Clone,
+    {
+        Engine {
+            beats_on: Some(BeatHome {
+                runtime,
+                store: Arc::new(self.store.clone()),
+            }),
+            ..self.with_store(store)
         }
     }
 
@@ -228,7 +274,8 @@ impl<S: Store> Engine<S> {
     ///
     /// # Panics
     /// Outside a multi-threaded tokio runtime (the heartbeat runs on it and must run while
-    /// the caller's function does), before anything is claimed.
+    /// the caller's function does), before anything is claimed; on an engine made by
+    /// [`Engine::beating_on`], when the runtime given there is not multi-threaded.
     ///
     /// Dropping the execution without finishing it stops the heartbeat: the lease runs out
     /// and the record reads as abandoned, as when `run`'s future is dropped.
@@ -245,14 +292,17 @@ impl<S: Store> Engine<S> {
         // Checked before anything is claimed: on a current-thread runtime the heartbeat would
         // run only while the caller polls the runtime, not while its function runs, and the
         // lease would end under a live execution.
-        assert!(
-            matches!(
-                tokio::runtime::Handle::try_current().map(|h| h.runtime_flavor()),
-                Ok(tokio::runtime::RuntimeFlavor::MultiThread)
+        let (beat_runtime, beat_store) = match &self.beats_on {
+            Some(home) => (Ok(home.runtime.clone()), &*home.store),
+            None => (tokio::runtime::Handle::try_current(), &self.store),
+        };
+        let beat_runtime = match beat_runtime {
+            Ok(h) if h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread => h,
+            _ => panic!(
+                "Engine::begin needs a multi-threaded tokio runtime, whose workers keep the \
+                 lease alive while the caller's function runs"
             ),
-            "Engine::begin needs a multi-threaded tokio runtime, whose workers keep the lease \
-             alive while the caller's function runs"
-        );
+        };
         let lease = match self.acquire(&scope, &key, fingerprint, policy).await? {
             Ok(lease) => lease,
             Err(refused) => return Ok(Begun::Answered(refused)),
@@ -263,11 +313,13 @@ impl<S: Store> Engine<S> {
         // `heartbeats`), with that extend at once: the lease is extended when it would have
         // been had the heartbeat run from the start.
         let beat = {
-            let (store, scope, key) = (self.store.clone(), scope.clone(), key.clone());
+            let (store, scope, key) = (beat_store.clone(), scope.clone(), key.clone());
             let (token, lease) = (lease.token, policy.lease);
-            // On this call's runtime, whichever runtime the driver runs on.
-            let here = tokio::runtime::Handle::current();
+            // On this call's runtime (or the engine's `beats_on`), whichever runtime the
+            // driver runs on.
+            let here = beat_runtime.clone();
             self.heartbeats.arm(
+                &beat_runtime,
                 Instant::now() + beat_interval(lease),
                 Box::new(move |first| {
                     here.spawn(async move {

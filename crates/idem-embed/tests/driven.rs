@@ -1,0 +1,164 @@
+//! Blocking calls on Redis, whose round trips the calling thread makes over a connection lent
+//! to it (src/driven.rs): one execution among racing threads, a lease kept while the lent
+//! connection sits idle under a long function, and calls that succeed after the server
+//! restarted under an idle connection. Each test runs a private `redis-server`; skipped
+//! without one unless IDEM_REQUIRE_SERVICES=1.
+
+use std::sync::{Arc, Barrier};
+use std::time::Duration;
+
+use idem_conformance::redis_servers::{Persistence, RedisServer};
+use idem_embed::{PriorKind, Report, Saved, Started, Store, ToolPolicy};
+use serde_json::json;
+
+fn policy(lease: Duration, wait: Option<Duration>, on_abandoned: &str) -> ToolPolicy {
+    ToolPolicy::new(
+        lease,
+        Duration::from_secs(3600),
+        wait,
+        on_abandoned,
+        1 << 20,
+    )
+    .expect("a valid policy")
+}
+
+fn returned(body: &str) -> Report {
+    Report::Result {
+        status: idem_embed::call::RETURNED,
+        body: body.as_bytes().to_vec(),
+        media_type: "application/json".into(),
+    }
+}
+
+/// A private server that keeps every write on disk (so a record outlives a restart), and a
+/// store on it.
+fn server(test: &str) -> Option<(RedisServer, Store)> {
+    let server = RedisServer::start(test, Persistence::AofAlways)?;
+    let store = Store::open(&server.url()).expect("opens");
+    Some((server, store))
+}
+
+fn begin(store: &Store, key: &str, policy: &ToolPolicy) -> Started {
+    store
+        .begin(key, "charge", &json!({"amount": 1}), None, policy)
+        .expect("the store answers")
+}
+
+/// Sixteen threads start one key at once: one runs it, each other waits for its result and
+/// replays it. Each thread draws its own handle from the pool, so the claims race over
+/// sixteen connections, and the waiters are woken across them.
+#[test]
+fn racing_threads_run_a_key_once_and_the_rest_replay_it() {
+    let test = "racing_threads_run_a_key_once_and_the_rest_replay_it";
+    let Some((_server, store)) = server(test) else {
+        return;
+    };
+    for round in 0..5 {
+        let key = format!("race-{round}");
+        let start = Arc::new(Barrier::new(16));
+        let threads: Vec<_> = (0..16)
+            .map(|_| {
+                let (store, key, start) = (store.clone(), key.clone(), start.clone());
+                std::thread::spawn(move || {
+                    let policy = policy(
+                        Duration::from_secs(5),
+                        Some(Duration::from_secs(10)),
+                        "reject",
+                    );
+                    start.wait();
+                    match begin(&store, &key, &policy) {
+                        Started::Execute(ticket) => {
+                            std::thread::sleep(Duration::from_millis(20));
+                            let saved = ticket
+                                .finish(returned(r#"{"ran":true}"#))
+                                .expect("finishes");
+                            assert_eq!(saved, Saved::Stored);
+                            None
+                        }
+                        Started::Prior(p) => Some(p),
+                    }
+                })
+            })
+            .collect();
+        let answers: Vec<_> = threads
+            .into_iter()
+            .map(|t| t.join().expect("no thread panicked"))
+            .collect();
+        let priors: Vec<_> = answers.iter().flatten().collect();
+        assert_eq!(
+            priors.len(),
+            15,
+            "round {round}: exactly one thread ran the key"
+        );
+        for p in priors {
+            assert_eq!(p.kind, PriorKind::Replayed, "round {round}: {p:?}");
+            assert_eq!(p.body.as_deref(), Some(br#"{"ran":true}"#.as_slice()));
+        }
+    }
+}
+
+/// The lent connection sits idle while the function runs, for three leases: the heartbeat,
+/// on the shared runtime, keeps the key, so a duplicate meanwhile finds it in flight (under
+/// `retry`, a lapsed lease would let it take the key over), and the result is stored.
+#[test]
+fn the_lease_is_kept_while_the_function_outlives_it() {
+    let test = "the_lease_is_kept_while_the_function_outlives_it";
+    let Some((_server, store)) = server(test) else {
+        return;
+    };
+    let lease = Duration::from_secs(1);
+    let Started::Execute(ticket) = begin(&store, "long", &policy(lease, None, "retry")) else {
+        panic!("the first call runs");
+    };
+    for _ in 0..3 {
+        std::thread::sleep(lease);
+        match begin(&store, "long", &policy(lease, None, "retry")) {
+            Started::Prior(p) => assert_eq!(p.kind, PriorKind::InFlight, "{p:?}"),
+            Started::Execute(_) => panic!("a duplicate took the key over from a live function"),
+        }
+    }
+    assert_eq!(
+        ticket.finish(returned("1")).expect("finishes"),
+        Saved::Stored
+    );
+    let Started::Prior(p) = begin(&store, "long", &policy(lease, None, "retry")) else {
+        panic!("a replay");
+    };
+    assert_eq!((p.kind, p.attempts), (PriorKind::Replayed, 1));
+}
+
+/// The server restarts while the lent connections sit idle: between two calls, and inside a
+/// call, between its claim and its completion. The next claim and the completion still
+/// succeed, as on a connection the shared runtime drives (idem-store-redis's
+/// tests/reconnect.rs): a write is never repeated, so it must not meet the dead connection.
+#[test]
+fn calls_succeed_after_the_server_restarted_under_an_idle_connection() {
+    let test = "calls_succeed_after_the_server_restarted_under_an_idle_connection";
+    let Some((mut server, store)) = server(test) else {
+        return;
+    };
+    let policy = policy(Duration::from_secs(5), None, "reject");
+    for round in 0..3 {
+        let Started::Execute(ticket) = begin(&store, &format!("before-{round}"), &policy) else {
+            panic!("a new key runs");
+        };
+        assert_eq!(
+            ticket.finish(returned("1")).expect("finishes"),
+            Saved::Stored
+        );
+
+        server.restart();
+        std::thread::sleep(Duration::from_millis(200));
+        let Started::Execute(ticket) = begin(&store, &format!("after-{round}"), &policy) else {
+            panic!("a new key runs after the restart");
+        };
+
+        server.restart();
+        std::thread::sleep(Duration::from_millis(200));
+        assert_eq!(
+            ticket.finish(returned("2")).expect("finishes"),
+            Saved::Stored,
+            "round {round}: the completion after a restart under the call"
+        );
+    }
+}
