@@ -1,7 +1,7 @@
 //! Blocking calls whose round trips the calling thread makes itself.
 //!
-//! A host thread that blocks on a call (a Python thread in the decorator, a Node worker
-//! thread) waits while the store's round trips are made. On the process's shared runtime each
+//! A host thread that blocks on a call (a Python thread in the decorator, or in the WSGI or
+//! ASGI middleware through [`crate::http`]) waits while the store's round trips are made. On the process's shared runtime each
 //! round trip crosses threads: the caller hands the command to the worker that drives the
 //! store's connection, which writes it, waits in `epoll`, and wakes the caller with the
 //! answer. A new key on Redis cost about ten context switches that way, and the hand-offs
@@ -214,7 +214,11 @@ mod tests {
         drop(three);
         assert_eq!(pool.idle(), 3);
         let mut again = pool.lend().expect("lends");
-        assert_eq!(pool.idle(), 2, "an idle handle is lent before a new one is opened");
+        assert_eq!(
+            pool.idle(),
+            2,
+            "an idle handle is lent before a new one is opened"
+        );
         let engine = again.engine();
         let scope = idem_core::Scope::anonymous();
         let key = idem_core::Key::new("driven-pool-absent").expect("a key");
@@ -224,6 +228,9 @@ mod tests {
         assert_eq!(pool.idle(), 3);
 
         let memory = host.opened("memory:").expect("opens");
-        assert!(memory.pool.is_none(), "a memory store gains nothing by handles");
+        assert!(
+            memory.pool.is_none(),
+            "a memory store gains nothing by handles"
+        );
     }
 }

@@ -187,6 +187,11 @@ impl Host {
         Ok(())
     }
 
+    /// The runtime's handle: where heartbeats run for calls whose own runtime is idle.
+    pub(crate) fn handle(&self) -> &tokio::runtime::Handle {
+        self.runtime.handle()
+    }
+
     /// Runs `f` to completion on the runtime, blocking this (non-runtime) thread.
     pub fn block_on<F: Future>(&self, f: F) -> F::Output {
         self.runtime.block_on(f)
@@ -243,7 +248,7 @@ impl Host {
             // as the evidence that a framework's re-call was a replay.
             .or_insert_with(|| {
                 let engine = Engine::new(store);
-                let pool = Pool::for_store(&engine, self.runtime.handle().clone());
+                let pool = Pool::for_store(&engine, self.handle().clone());
                 Opened { engine, pool }
             })
             .clone())

@@ -31,6 +31,7 @@ use idem_stores::AnyStore;
 
 use crate::EmbedError;
 use crate::call::{Store, task_ended};
+use crate::driven::{Lent, Pool};
 use crate::host::Host;
 
 /// A response as a host sends it: the status, the headers in order, the body.
@@ -77,6 +78,8 @@ struct Cached {
     pid: u32,
     host: Arc<Host>,
     engine: Engine<AnyStore>,
+    /// Handles a blocking call drives itself (`crate::driven`), over this engine's cache.
+    pool: Option<Arc<Pool>>,
 }
 
 /// What a request gets before its body is read.
@@ -134,6 +137,9 @@ pub struct HttpExecution {
     /// Boxed: an execution is large beside a reply.
     execution: Box<Execution<AnyStore>>,
     host: Arc<Host>,
+    /// The handle the claim went over, when the calling thread drove it: the completion
+    /// goes over it too.
+    lent: Option<Lent>,
     front: Arc<Front>,
     anonymous: bool,
     /// See [`HttpExecution::inline`].
@@ -292,9 +298,27 @@ impl HttpFront {
     /// duplicate in flight), or answers what the store holds. Never an error: a store that
     /// cannot be used is `store-unavailable`, and the handler does not run.
     pub fn begin(&self, keyed: Keyed, body: &[u8]) -> Begun {
-        match self.beginning(keyed, body) {
-            Ok((host, claiming)) => host.block_on(claiming),
-            Err(reply) => reply,
+        let (host, engine, pool) = match self.engine() {
+            Ok(opened) => opened,
+            Err(reply) => return reply,
+        };
+        let Some(pool) = pool else {
+            return host
+                .clone()
+                .block_on(self.beginning(host, engine, keyed, body));
+        };
+        // Over a handle this thread drives (`crate::driven`), kept for the completion.
+        let mut lent = match pool.lend() {
+            Ok(lent) => lent,
+            Err(e) => return self.unusable(&e),
+        };
+        let engine = lent.engine();
+        match lent.block_on(self.beginning(host, engine, keyed, body)) {
+            Begun::Execute(execution) => Begun::Execute(HttpExecution {
+                lent: Some(lent),
+                ..execution
+            }),
+            reply => reply,
         }
     }
 
@@ -309,32 +333,33 @@ impl HttpFront {
         F: FnOnce(Begun) + Send + 'static,
     {
         let front = self.front.clone();
-        match self.beginning(keyed, body) {
-            Ok((host, claiming)) => host.spawn_then(claiming, done, move || {
-                tracing::warn!(error = %task_ended("claim"), "request not executed");
-                Begun::Reply(front.store_unavailable().into())
-            }),
+        match self.engine() {
+            Ok((host, engine, _)) => {
+                let claiming = self.beginning(host.clone(), engine, keyed, body);
+                host.spawn_then(claiming, done, move || {
+                    tracing::warn!(error = %task_ended("claim"), "request not executed");
+                    Begun::Reply(front.store_unavailable().into())
+                });
+            }
             Err(reply) => done(reply),
         }
     }
 
-    /// The claim of [`HttpFront::begin`], to run on the returned host's runtime; or the
-    /// reply at once when the store cannot be used.
+    /// The claim of [`HttpFront::begin`] over `engine`, to run on the runtime that drives
+    /// `engine`'s store.
     fn beginning<B>(
         &self,
+        host: Arc<Host>,
+        engine: Engine<AnyStore>,
         keyed: Keyed,
         body: B,
-    ) -> Result<(Arc<Host>, impl Future<Output = Begun> + Send + use<B>), Begun>
+    ) -> impl Future<Output = Begun> + Send + use<B>
     where
         B: AsRef<[u8]> + Send,
     {
-        let (host, engine) = self.engine().map_err(|e| {
-            tracing::warn!(error = %e, "the idempotency store cannot be used; request not executed");
-            Begun::Reply(self.front.store_unavailable().into())
-        })?;
         let policy = self.front.policy(&keyed.keyed).engine.clone();
-        let (front, inline, on) = (self.front.clone(), self.memory, host.clone());
-        let claiming = async move {
+        let (front, inline) = (self.front.clone(), self.memory);
+        async move {
             let fingerprint = fingerprint(&keyed, body.as_ref());
             let begun = engine
                 .begin::<()>(
@@ -347,7 +372,8 @@ impl HttpFront {
             match begun {
                 Ok(EngineBegun::Execute(execution)) => Begun::Execute(HttpExecution {
                     execution: Box::new(execution),
-                    host: on,
+                    host,
+                    lent: None,
                     anonymous: keyed.keyed.anonymous(),
                     front,
                     inline,
@@ -363,29 +389,39 @@ impl HttpFront {
                     Begun::Reply(front.store_unavailable().into())
                 }
             }
-        };
-        Ok((host, claiming))
+        }
     }
 
-    /// This process's engine for the store, with the completed-record cache.
-    fn engine(&self) -> Result<(Arc<Host>, Engine<AnyStore>), EmbedError> {
+    /// The reply when the store cannot be used at all.
+    fn unusable(&self, e: &EmbedError) -> Begun {
+        tracing::warn!(error = %e, "the idempotency store cannot be used; request not executed");
+        Begun::Reply(self.front.store_unavailable().into())
+    }
+
+    /// This process's engine for the store, with the completed-record cache, and the
+    /// handles over it that a blocking call drives itself; or the reply when the store
+    /// cannot be used.
+    #[allow(clippy::type_complexity)]
+    fn engine(&self) -> Result<(Arc<Host>, Engine<AnyStore>, Option<Arc<Pool>>), Begun> {
         let pid = std::process::id();
         let mut cached = self.cached.lock().unwrap_or_else(PoisonError::into_inner);
         match cached.as_ref() {
-            Some(c) if c.pid == pid => Ok((c.host.clone(), c.engine.clone())),
+            Some(c) if c.pid == pid => Ok((c.host.clone(), c.engine.clone(), c.pool.clone())),
             _ => {
-                let (host, engine) = self.store.engine()?;
+                let (host, engine) = self.store.engine().map_err(|e| self.unusable(&e))?;
                 let engine = engine.with_cache_bytes(self.front.config().cache_bytes);
+                let pool = Pool::for_store(&engine, host.handle().clone());
                 let fresh = Cached {
                     pid,
                     host: host.clone(),
                     engine: engine.clone(),
+                    pool: pool.clone(),
                 };
                 // A pair inherited by fork is leaked, as the host leaks its own.
                 if let Some(inherited) = cached.replace(fresh) {
                     std::mem::forget(inherited);
                 }
-                Ok((host, engine))
+                Ok((host, engine, pool))
             }
         }
     }
@@ -417,7 +453,10 @@ impl HttpExecution {
     /// "not processed": 429 and 503 by default) and wakes duplicates waiting in this process;
     /// blocking. Answers what the caller is sent: the response, with the headers withheld from
     /// the record in the anonymous scope. A header that is not HTTP is not stored or sent.
-    pub fn finish(self, status: u16, headers: &[(String, Vec<u8>)], body: Vec<u8>) -> Reply {
+    pub fn finish(mut self, status: u16, headers: &[(String, Vec<u8>)], body: Vec<u8>) -> Reply {
+        if let Some(mut lent) = self.lent.take() {
+            return lent.block_on(self.finishing(status, headers, body));
+        }
         let host = self.host.clone();
         host.block_on(self.finishing(status, headers, body))
     }
@@ -430,11 +469,27 @@ impl HttpExecution {
         F: FnOnce(Reply) + Send + 'static,
     {
         let (host, front) = (self.host.clone(), self.front.clone());
-        let finishing = self.finishing(status, headers, body);
-        host.spawn_then(finishing, done, move || {
+        let lost = move || {
             tracing::warn!(error = %task_ended("completion"), "the response was not stored");
             front.store_unavailable().into()
-        });
+        };
+        if self.lent.is_some() {
+            // Claimed over a handle the claiming thread drove: its completion is driven the
+            // same way, by a thread of the runtime's blocking pool.
+            let headers = headers.to_vec();
+            let unstored = self.front.clone();
+            let completion = async move {
+                let finishing = move || self.finish(status, &headers, body);
+                match tokio::task::spawn_blocking(finishing).await {
+                    Ok(reply) => reply,
+                    Err(_) => unstored.store_unavailable().into(),
+                }
+            };
+            host.spawn_then(completion, done, lost);
+            return;
+        }
+        let finishing = self.finishing(status, headers, body);
+        host.spawn_then(finishing, done, lost);
     }
 
     fn finishing(

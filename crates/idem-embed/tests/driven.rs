@@ -1,13 +1,14 @@
 //! Blocking calls on Redis, whose round trips the calling thread makes over a connection lent
 //! to it (src/driven.rs): one execution among racing threads, a lease kept while the lent
 //! connection sits idle under a long function, and calls that succeed after the server
-//! restarted under an idle connection. Each test runs a private `redis-server`; skipped
-//! without one unless IDEM_REQUIRE_SERVICES=1.
+//! restarted under an idle connection; the same for the HTTP core's requests. Each test runs
+//! a private `redis-server`; skipped without one unless IDEM_REQUIRE_SERVICES=1.
 
 use std::sync::{Arc, Barrier};
 use std::time::Duration;
 
 use idem_conformance::redis_servers::{Persistence, RedisServer};
+use idem_embed::http::{Admitted, Begun, HttpFront, config_of};
 use idem_embed::{PriorKind, Report, Saved, Started, Store, ToolPolicy};
 use serde_json::json;
 
@@ -161,4 +162,85 @@ fn calls_succeed_after_the_server_restarted_under_an_idle_connection() {
             "round {round}: the completion after a restart under the call"
         );
     }
+}
+
+/// A keyed request through the HTTP core, its handler counting runs: racing threads run it
+/// once and the rest replay it; a request claimed before a restart under its lent connection
+/// stores its response after it; and the first request after a restart runs.
+#[test]
+fn http_requests_run_once_and_finish_across_a_restart() {
+    let test = "http_requests_run_once_and_finish_across_a_restart";
+    let Some((mut server, _store)) = server(test) else {
+        return;
+    };
+    let config = "anonymous = \"allow\"\n[[routes]]\nmethod = \"POST\"\npath = \"/v1/charges\"\nwait = \"10s\"\n";
+    let (config, _) = config_of(Some(config), None).expect("a valid configuration");
+    let front = Arc::new(HttpFront::new(config, &server.url()).expect("opens"));
+    let runs = Arc::new(std::sync::atomic::AtomicU32::new(0));
+    let request = |front: &HttpFront, key: &str, pause: &mut dyn FnMut()| {
+        let headers = [
+            ("idempotency-key".to_owned(), key.as_bytes().to_vec()),
+            ("content-type".to_owned(), b"application/json".to_vec()),
+        ];
+        let Admitted::Keyed(keyed) = front.admit("POST", "/v1/charges", &headers) else {
+            panic!("a keyed request");
+        };
+        match front.begin(keyed, br#"{"amount":1}"#) {
+            Begun::Execute(exe) => {
+                runs.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                pause();
+                let json = [("content-type".to_owned(), b"application/json".to_vec())];
+                exe.finish(201, &json, br#"{"id":"ch_1"}"#.to_vec())
+            }
+            Begun::Reply(reply) => reply,
+        }
+    };
+
+    let start = Arc::new(Barrier::new(8));
+    std::thread::scope(|s| {
+        for _ in 0..8 {
+            let (front, start) = (front.clone(), start.clone());
+            let request = &request;
+            s.spawn(move || {
+                start.wait();
+                let reply = request(&front, "http-race", &mut || {
+                    std::thread::sleep(Duration::from_millis(20));
+                });
+                assert_eq!(
+                    (reply.status, reply.body.as_slice()),
+                    (201, &br#"{"id":"ch_1"}"#[..])
+                );
+            });
+        }
+    });
+    assert_eq!(
+        runs.load(std::sync::atomic::Ordering::SeqCst),
+        1,
+        "one run among eight"
+    );
+
+    let reply = request(&front, "http-restart", &mut || {
+        server.restart();
+        std::thread::sleep(Duration::from_millis(200));
+    });
+    assert_eq!(reply.status, 201, "{reply:?}");
+    let replayed = request(&front, "http-restart", &mut || {
+        panic!("a replay runs nothing")
+    });
+    assert_eq!(
+        replayed.body, br#"{"id":"ch_1"}"#,
+        "the response stored after the restart"
+    );
+    assert_eq!(runs.load(std::sync::atomic::Ordering::SeqCst), 2);
+
+    // A claim is not repeated by the engine, as a completion is: it must not meet the
+    // connection the restart closed while its handle sat idle in the pool.
+    server.restart();
+    std::thread::sleep(Duration::from_millis(200));
+    let after = request(&front, "http-after", &mut || {});
+    assert_eq!(
+        after.status, 201,
+        "the first request after a restart: {after:?}"
+    );
+    assert_eq!(runs.load(std::sync::atomic::Ordering::SeqCst), 3);
 }
