@@ -7,10 +7,13 @@ server store (test_stores.py), works."""
 from __future__ import annotations
 
 import os
+import signal
 import tempfile
+import time
 import unittest
+import uuid
 
-import cli_support  # noqa: F401  (the package on the path, as the other tests)
+from cli_support import need
 
 from idem_runtime import ConfigurationError, idempotent, scope
 
@@ -29,8 +32,53 @@ def in_child(fn) -> int:
     return os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
 
 
+def _redis_missing():
+    from idem_runtime import StoreUnavailableError, open_store
+
+    try:
+        open_store(REDIS)
+        return None
+    except StoreUnavailableError as e:
+        return f"Redis at {REDIS} is not reachable: {e}"
+
+
+REDIS = f"redis://127.0.0.1:6379/?prefix=fork-{uuid.uuid4().hex[:8]}&durability=volatile"
+
+
 @unittest.skipUnless(hasattr(os, "fork"), "no fork here")
 class Fork(unittest.TestCase):
+    @need(_redis_missing())
+    def test_a_child_forked_inside_a_call_returns_without_finishing_the_parents_claim(self):
+        """A tool that forks: the child returns through the decorator too, with the parent's
+        claim in hand. It must not finish it over the parent's runtime or connection (the
+        child has neither: it hung there before), and it does not hang: it returns, the
+        result unkept, and the parent's own return stores the result."""
+
+        @idempotent(store=REDIS, tool="forks")
+        def forks(n: int):
+            pid = os.fork()
+            if pid == 0:
+                signal.alarm(20)  # a hang ends the child, and the test sees it
+                return ["child", n]
+            return ["parent", pid]
+
+        with scope("fork-in-call"):
+            who = forks(1)
+            if who[0] == "child":
+                os._exit(0)
+            child = who[1]
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline:
+                done, status = os.waitpid(child, os.WNOHANG)
+                if done:
+                    break
+                time.sleep(0.05)
+            else:
+                os.kill(child, signal.SIGKILL)
+                self.fail("the child hung finishing its parent's claim")
+            self.assertEqual(os.waitstatus_to_exitcode(status), 0)
+            self.assertEqual(forks(1), ["parent", child], "the parent's result is the one kept")
+
     def test_a_child_of_a_process_with_sqlite_open_is_refused_sqlite_and_runs_nothing(self):
         with tempfile.TemporaryDirectory() as tmp:
             ran = os.path.join(tmp, "ran")

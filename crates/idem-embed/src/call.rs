@@ -22,7 +22,7 @@ use serde_json::Value;
 
 use crate::{
     EmbedError, KeyFields,
-    driven::{Lent, Pool},
+    driven::Pool,
     host::{Host, Opened, fresh_tokens, host},
     key_args,
 };
@@ -257,32 +257,25 @@ impl Store {
         let Bound {
             host, engine, pool, ..
         } = self.bound()?;
-        let Some(pool) = pool else {
-            return host.clone().block_on(Self::claimed(
-                &engine,
-                host,
-                None,
-                key,
-                fingerprint,
-                &policy.0,
-            ));
+        let Some(mut lent) = pool.as_ref().and_then(Pool::lend) else {
+            let claiming = Self::claimed(&engine, host.clone(), pool, key, fingerprint, &policy.0);
+            return host.block_on(claiming);
         };
-        let mut lent = pool.lend()?;
         let engine = lent.engine();
-        let claiming = Self::claimed(&engine, host, None, key, fingerprint, &policy.0);
-        match lent.block_on(claiming)? {
-            Started::Execute(ticket) => Ok(Started::Execute(Ticket {
-                lent: Some(lent),
-                ..ticket
-            })),
-            prior => Ok(prior),
-        }
+        lent.block_on(Self::claimed(
+            &engine,
+            host,
+            pool,
+            key,
+            fingerprint,
+            &policy.0,
+        ))
     }
 
     async fn claimed(
         engine: &Engine<AnyStore>,
         host: Arc<Host>,
-        lent: Option<Lent>,
+        pool: Option<Arc<Pool>>,
         key: Key,
         fingerprint: Fingerprint,
         policy: &Policy,
@@ -294,7 +287,7 @@ impl Store {
             Begun::Execute(execution) => Started::Execute(Ticket {
                 execution,
                 host,
-                lent,
+                pool,
             }),
             Begun::Answered(answer) => Started::Prior(Prior::of(answer)),
         })
@@ -308,9 +301,8 @@ impl Store {
             host, engine, pool, ..
         } = self.bound()?;
         let scope = tool_scope();
-        let record = match pool {
-            Some(pool) => {
-                let mut lent = pool.lend()?;
+        let record = match pool.as_ref().and_then(Pool::lend) {
+            Some(mut lent) => {
                 let engine = lent.engine();
                 lent.block_on(idem_core::Store::get(engine.store(), &scope, &key))?
             }
@@ -359,9 +351,9 @@ pub enum Started {
 pub struct Ticket {
     execution: Execution<AnyStore>,
     host: Arc<Host>,
-    /// The handle the claim went over, when the calling thread drove it: the completion
-    /// goes over it too.
-    lent: Option<Lent>,
+    /// The handles its store lends blocking calls (`driven.rs`): the completion is made over
+    /// one, whichever the claim used.
+    pool: Option<Arc<Pool>>,
 }
 
 /// What the function did.
@@ -400,13 +392,32 @@ pub enum Saved {
 impl Ticket {
     /// Keeps what the function reported (blocking), and wakes duplicates waiting in this
     /// process.
-    pub fn finish(mut self, report: Report) -> Result<Saved, EmbedError> {
-        if let Some(mut lent) = self.lent.take() {
-            return Ok(lent.block_on(self.finished(report)));
+    pub fn finish(self, report: Report) -> Result<Saved, EmbedError> {
+        let Ticket {
+            execution,
+            host,
+            pool,
+        } = self;
+        if std::process::id() != host.pid() {
+            // Claimed by the parent: its runtime's threads and its connections' sockets are
+            // not this process's to use. Nothing of it is touched, not even to drop it.
+            std::mem::forget(execution);
+            return Ok(Saved::Lost(
+                "this call was claimed in the parent process, and a forked child cannot \
+                 finish it: the parent's lease ends and the record reads as abandoned"
+                    .into(),
+            ));
         }
-        // The host that began it: a ticket never crosses a fork (the child has no heartbeat).
-        let host = self.host.clone();
-        Ok(host.block_on(self.finished(report)))
+        let Some(pool) = pool else {
+            return Ok(host.block_on(finished(execution, report)));
+        };
+        Ok(match pool.lend() {
+            Some(mut lent) => {
+                let engine = lent.engine();
+                lent.block_on(finished(execution.over(&engine), report))
+            }
+            None => host.block_on(finished(execution.over(pool.shared()), report)),
+        })
     }
 
     /// As [`Ticket::finish`], without blocking the calling thread: the completion runs as a
@@ -416,49 +427,48 @@ impl Ticket {
     where
         F: FnOnce(Saved) + Send + 'static,
     {
-        let host = self.host.clone();
-        let lost = || Saved::Lost(task_ended("completion").to_string());
-        if self.lent.is_some() {
-            // Claimed over a handle the claiming thread drove: its completion is driven the
-            // same way, by a thread of the runtime's blocking pool.
-            let completion = async move {
-                match tokio::task::spawn_blocking(move || self.finish(report)).await {
-                    Ok(Ok(saved)) => saved,
-                    Ok(Err(e)) => Saved::Lost(e.to_string()),
-                    Err(_) => lost(),
-                }
-            };
-            host.spawn_then(completion, done, lost);
-            return;
-        }
-        host.spawn_then(self.finished(report), done, lost);
-    }
-
-    async fn finished(self, report: Report) -> Saved {
-        let effect = match report {
-            Report::Result {
-                status,
-                body,
-                media_type,
-            } => Effect::Done(StoredResponse {
-                status,
-                headers: vec![("content-type".into(), media_type.into_bytes())],
-                body: StoredBody::Full(body),
-            }),
-            Report::NotRun => Effect::NotSent,
-            Report::Unknown => Effect::Unknown,
+        let Ticket {
+            execution,
+            host,
+            pool,
+        } = self;
+        // A claim a blocking thread drove is finished over the shared connection, which the
+        // runtime drives.
+        let execution = match &pool {
+            Some(pool) => execution.over(pool.shared()),
+            None => execution,
         };
-        match self.execution.finish(effect, ()).await {
-            Answer::Executed { kept, .. } => match kept {
-                Kept::Stored => Saved::Stored,
-                Kept::Released => Saved::Released,
-                Kept::Lost(e) => Saved::Lost(e.to_string()),
-            },
-            Answer::NotSent(()) => Saved::Released,
-            Answer::Unknown(()) => Saved::MarkedUnknown,
-            // `finish` answers only for an execution; keep the result's fate honest anyway.
-            other => Saved::Lost(format!("unexpected answer {:?}", other.outcome())),
-        }
+        host.spawn_then(finished(execution, report), done, || {
+            Saved::Lost(task_ended("completion").to_string())
+        });
+    }
+}
+
+/// Finishes `execution` with what the function reported.
+async fn finished(execution: Execution<AnyStore>, report: Report) -> Saved {
+    let effect = match report {
+        Report::Result {
+            status,
+            body,
+            media_type,
+        } => Effect::Done(StoredResponse {
+            status,
+            headers: vec![("content-type".into(), media_type.into_bytes())],
+            body: StoredBody::Full(body),
+        }),
+        Report::NotRun => Effect::NotSent,
+        Report::Unknown => Effect::Unknown,
+    };
+    match execution.finish(effect, ()).await {
+        Answer::Executed { kept, .. } => match kept {
+            Kept::Stored => Saved::Stored,
+            Kept::Released => Saved::Released,
+            Kept::Lost(e) => Saved::Lost(e.to_string()),
+        },
+        Answer::NotSent(()) => Saved::Released,
+        Answer::Unknown(()) => Saved::MarkedUnknown,
+        // `finish` answers only for an execution; keep the result's fate honest anyway.
+        other => Saved::Lost(format!("unexpected answer {:?}", other.outcome())),
     }
 }
 

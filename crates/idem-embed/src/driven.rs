@@ -8,26 +8,32 @@
 //! were a quarter of the calling process's CPU (docs/benchmarks.md, issue 33, "the calling
 //! thread makes its round trips").
 //!
-//! So a store whose connection is driven by the runtime that opened it (Redis,
+//! So a store whose connection is driven by the runtime that opened it (a single Redis server,
 //! [`AnyStore::connects_per_runtime`]) is reached through a [`Lent`] handle instead: a
 //! current-thread runtime and a connection of its own
 //! ([`Store::for_this_runtime`](idem_core::Store::for_this_runtime)), which the calling thread
 //! drives while it blocks on the call. The command is written and answered on that thread.
 //!
-//! - **One call, one handle.** A handle is lent for a call's claim and, when the key is the
-//!   call's, until its completion (the ticket holds it while the function runs). No two
-//!   threads ever drive one handle at once, and a completion goes out over the connection its
-//!   claim used.
+//! - **One blocking step, one handle.** A handle is lent for a claim, then for the
+//!   completion (the execution is finished over the second handle's engine,
+//!   [`Execution::over`](idem_core::Execution::over)), never across the function: a
+//!   process holds as many handles as it has threads blocked on the store at once, not as
+//!   many as it has calls under way (a thousand coroutines in flight hold none). No two
+//!   threads ever drive one handle at once.
 //! - **Heartbeats** run on the shared runtime over the shared connection
-//!   ([`Engine::beating_on`]): a lent runtime is idle while the function runs.
-//! - **The pool** keeps up to [`IDLE_KEPT`] idle handles; one returned beyond that is dropped
-//!   (its connection closes). A process holds at most as many handles as it has calls under
-//!   way at once.
+//!   ([`Engine::beating_on`]): no lent runtime runs while the function does.
+//! - **The pool** keeps up to [`IDLE_KEPT`] idle handles, for at most [`IDLE_FOR`] each; one
+//!   returned beyond that, or idle longer, is dropped (its connection closes). When no handle
+//!   can be had (the server refuses another connection, the process is out of descriptors),
+//!   the call goes over the shared runtime as before.
 //! - **Idle connections.** No thread drives an idle handle's runtime, so its connection has not
-//!   heard the server close it (a restart) until the runtime next runs. A handle idle for
-//!   [`SETTLE_AFTER`] or more first lets its runtime handle what arrived meanwhile, so the
-//!   connection manager has reconnected before a command is written, as it would have on the
-//!   shared runtime: a write after a restart succeeds (`tests/driven.rs`).
+//!   heard the server close it (a restart) until the runtime next runs. So each use first
+//!   lets the runtime handle what arrived meanwhile ([`SETTLE_TURNS`]): the connection
+//!   manager has then reconnected before a command is written, as it would have on the shared
+//!   runtime, and the first claim after a restart succeeds (`tests/driven.rs`).
+//! - **Not on a Redis Cluster**: a handle there is a connection to every node and a read of
+//!   the slot map, and its client learns of a closed connection only by a failed command,
+//!   so the settling above would not help. A cluster's calls stay on the shared runtime.
 
 use std::future::Future;
 use std::sync::{Arc, Mutex, PoisonError};
@@ -40,19 +46,18 @@ use tokio::runtime::{Handle, Runtime};
 use crate::EmbedError;
 use crate::host::HostError;
 
-/// Idle handles kept for the next calls. More threads than this calling at once each get a
+/// Idle handles kept for the next calls. More threads than this blocked at once each get a
 /// handle; the extra ones are dropped as they come back.
-pub(crate) const IDLE_KEPT: usize = 64;
+pub(crate) const IDLE_KEPT: usize = 32;
 
-/// A handle idle this long lets its runtime catch up before a command (module docs). Well
-/// under the time a server takes to restart, and far above the gap between one call's
-/// completion and the next call's claim on a busy thread, which pays nothing for it.
-pub(crate) const SETTLE_AFTER: Duration = Duration::from_millis(1);
+/// How long an idle handle is kept: a burst of threads leaves no connections behind for long.
+pub(crate) const IDLE_FOR: Duration = Duration::from_secs(30);
 
-/// Turns given to an idle handle's runtime before a command: the connection's task reads the
-/// close, its disconnection reaches the manager's task, which swaps in a new connection. One
-/// turn each, with room to spare.
-const SETTLE_TURNS: usize = 4;
+/// Turns given to a handle's runtime before each command (module docs): the first polls the
+/// sockets and the connection's task reads a close; the second runs the connection manager's
+/// task, which swaps in a new connection. One more, with room to spare. A turn is an
+/// `epoll_wait` that returns at once, about a microsecond beside a round trip of 60 or more.
+const SETTLE_TURNS: usize = 3;
 
 /// The handles of one store in one process.
 #[derive(Debug)]
@@ -72,7 +77,7 @@ pub(crate) struct Pool {
 struct Driven {
     runtime: Runtime,
     engine: Engine<AnyStore>,
-    /// When it last ran.
+    /// When it came back to the pool last.
     used: Instant,
 }
 
@@ -87,7 +92,9 @@ pub(crate) struct Lent {
 impl Pool {
     /// A pool for `engine`'s store when that store gains by a runtime per caller, else `None`.
     pub(crate) fn for_store(engine: &Engine<AnyStore>, beats_on: Handle) -> Option<Arc<Pool>> {
-        engine.store().connects_per_runtime().then(|| {
+        let store = engine.store();
+        let cluster = matches!(store, AnyStore::Redis(r) if r.is_cluster());
+        (store.connects_per_runtime() && !cluster).then(|| {
             Arc::new(Pool {
                 engine: engine.clone(),
                 beats_on,
@@ -96,8 +103,24 @@ impl Pool {
         })
     }
 
-    /// An idle handle, or a new one (a connection opened now, within the store's timeout).
-    pub(crate) fn lend(self: &Arc<Self>) -> Result<Lent, EmbedError> {
+    /// The shared engine, for a call that could get no handle.
+    pub(crate) fn shared(&self) -> &Engine<AnyStore> {
+        &self.engine
+    }
+
+    /// An idle handle, or a new one (a connection opened now, within the store's timeout);
+    /// `None` when none can be had, and the caller goes over the shared runtime.
+    pub(crate) fn lend(self: &Arc<Self>) -> Option<Lent> {
+        match self.try_lend() {
+            Ok(lent) => Some(lent),
+            Err(e) => {
+                tracing::debug!(error = %e, "no connection of its own for a blocking call; it goes over the shared runtime");
+                None
+            }
+        }
+    }
+
+    fn try_lend(self: &Arc<Self>) -> Result<Lent, EmbedError> {
         let idle = self
             .idle
             .lock()
@@ -127,20 +150,24 @@ impl Pool {
         }))
     }
 
-    fn take_back(&self, driven: Box<Driven>) {
+    fn take_back(&self, mut driven: Box<Driven>) {
+        driven.used = Instant::now();
         let mut idle = self.idle.lock().unwrap_or_else(PoisonError::into_inner);
+        // Oldest first: lent from the back, the front is what sat longest.
+        let stale = idle
+            .iter()
+            .take_while(|d| d.used.elapsed() >= IDLE_FOR)
+            .count();
+        let mut dropped: Vec<_> = idle.drain(..stale).collect();
         if idle.len() < IDLE_KEPT {
             idle.push(driven);
-            return;
+        } else {
+            dropped.push(driven);
         }
         drop(idle);
-        // Its tasks and connection end with it. Without waiting for them: a ticket may be
-        // dropped on a runtime's thread, where a runtime's ordinary drop would panic.
-        let Driven {
-            runtime, engine, ..
-        } = *driven;
-        drop(engine);
-        runtime.shutdown_background();
+        for driven in dropped {
+            close(driven);
+        }
     }
 
     /// Idle handles, for tests.
@@ -151,6 +178,16 @@ impl Pool {
             .unwrap_or_else(PoisonError::into_inner)
             .len()
     }
+}
+
+/// Ends a handle's tasks and connection, without waiting for them: a handle may be dropped on
+/// a runtime's thread, where a runtime's ordinary drop would panic.
+fn close(driven: Box<Driven>) {
+    let Driven {
+        runtime, engine, ..
+    } = *driven;
+    drop(engine);
+    runtime.shutdown_background();
 }
 
 impl Lent {
@@ -166,19 +203,15 @@ impl Lent {
         self.driven().engine.clone()
     }
 
-    /// Runs `f` to completion on this handle's runtime, driven by the calling thread.
+    /// Runs `f` to completion on this handle's runtime, driven by the calling thread, once
+    /// the runtime has caught up on what arrived while it sat idle.
     pub(crate) fn block_on<F: Future>(&mut self, f: F) -> F::Output {
-        let driven = self.driven();
-        if driven.used.elapsed() >= SETTLE_AFTER {
-            driven.runtime.block_on(async {
-                for _ in 0..SETTLE_TURNS {
-                    tokio::task::yield_now().await;
-                }
-            });
-        }
-        let out = driven.runtime.block_on(f);
-        driven.used = Instant::now();
-        out
+        self.driven().runtime.block_on(async {
+            for _ in 0..SETTLE_TURNS {
+                tokio::task::yield_now().await;
+            }
+            f.await
+        })
     }
 }
 

@@ -187,6 +187,11 @@ impl Host {
         Ok(())
     }
 
+    /// The process this host belongs to.
+    pub(crate) fn pid(&self) -> u32 {
+        self.pid
+    }
+
     /// The runtime's handle: where heartbeats run for calls whose own runtime is idle.
     pub(crate) fn handle(&self) -> &tokio::runtime::Handle {
         self.runtime.handle()

@@ -31,7 +31,7 @@ use idem_stores::AnyStore;
 
 use crate::EmbedError;
 use crate::call::{Store, task_ended};
-use crate::driven::{Lent, Pool};
+use crate::driven::Pool;
 use crate::host::Host;
 
 /// A response as a host sends it: the status, the headers in order, the body.
@@ -137,9 +137,9 @@ pub struct HttpExecution {
     /// Boxed: an execution is large beside a reply.
     execution: Box<Execution<AnyStore>>,
     host: Arc<Host>,
-    /// The handle the claim went over, when the calling thread drove it: the completion
-    /// goes over it too.
-    lent: Option<Lent>,
+    /// The handles its store lends blocking calls (`crate::driven`): the completion is made
+    /// over one, whichever the claim used.
+    pool: Option<Arc<Pool>>,
     front: Arc<Front>,
     anonymous: bool,
     /// See [`HttpExecution::inline`].
@@ -302,24 +302,14 @@ impl HttpFront {
             Ok(opened) => opened,
             Err(reply) => return reply,
         };
-        let Some(pool) = pool else {
+        // Over a handle this thread drives (`crate::driven`), when the store lends them.
+        let Some(mut lent) = pool.as_ref().and_then(Pool::lend) else {
             return host
                 .clone()
-                .block_on(self.beginning(host, engine, keyed, body));
-        };
-        // Over a handle this thread drives (`crate::driven`), kept for the completion.
-        let mut lent = match pool.lend() {
-            Ok(lent) => lent,
-            Err(e) => return self.unusable(&e),
+                .block_on(self.beginning(host, engine, pool, keyed, body));
         };
         let engine = lent.engine();
-        match lent.block_on(self.beginning(host, engine, keyed, body)) {
-            Begun::Execute(execution) => Begun::Execute(HttpExecution {
-                lent: Some(lent),
-                ..execution
-            }),
-            reply => reply,
-        }
+        lent.block_on(self.beginning(host, engine, pool, keyed, body))
     }
 
     /// As [`HttpFront::begin`], without blocking the calling thread: the claim runs as a
@@ -335,7 +325,7 @@ impl HttpFront {
         let front = self.front.clone();
         match self.engine() {
             Ok((host, engine, _)) => {
-                let claiming = self.beginning(host.clone(), engine, keyed, body);
+                let claiming = self.beginning(host.clone(), engine, None, keyed, body);
                 host.spawn_then(claiming, done, move || {
                     tracing::warn!(error = %task_ended("claim"), "request not executed");
                     Begun::Reply(front.store_unavailable().into())
@@ -346,11 +336,12 @@ impl HttpFront {
     }
 
     /// The claim of [`HttpFront::begin`] over `engine`, to run on the runtime that drives
-    /// `engine`'s store.
+    /// `engine`'s store; `pool`, the handles the execution is finished over, if any.
     fn beginning<B>(
         &self,
         host: Arc<Host>,
         engine: Engine<AnyStore>,
+        pool: Option<Arc<Pool>>,
         keyed: Keyed,
         body: B,
     ) -> impl Future<Output = Begun> + Send + use<B>
@@ -373,7 +364,7 @@ impl HttpFront {
                 Ok(EngineBegun::Execute(execution)) => Begun::Execute(HttpExecution {
                     execution: Box::new(execution),
                     host,
-                    lent: None,
+                    pool,
                     anonymous: keyed.keyed.anonymous(),
                     front,
                     inline,
@@ -454,42 +445,45 @@ impl HttpExecution {
     /// blocking. Answers what the caller is sent: the response, with the headers withheld from
     /// the record in the anonymous scope. A header that is not HTTP is not stored or sent.
     pub fn finish(mut self, status: u16, headers: &[(String, Vec<u8>)], body: Vec<u8>) -> Reply {
-        if let Some(mut lent) = self.lent.take() {
-            return lent.block_on(self.finishing(status, headers, body));
-        }
         let host = self.host.clone();
-        host.block_on(self.finishing(status, headers, body))
+        let Some(pool) = self.pool.take() else {
+            return host.block_on(self.finishing(status, headers, body));
+        };
+        match pool.lend() {
+            Some(mut lent) => {
+                self.execution = Box::new(self.execution.over(&lent.engine()));
+                lent.block_on(self.finishing(status, headers, body))
+            }
+            None => {
+                self.execution = Box::new(self.execution.over(pool.shared()));
+                host.block_on(self.finishing(status, headers, body))
+            }
+        }
     }
 
     /// As [`HttpExecution::finish`], without blocking the calling thread: the completion runs
     /// as a task on the runtime that began the request, and `done` gets the reply, on one
     /// of its threads (see [`HttpFront::begin_then`]).
-    pub fn finish_then<F>(self, status: u16, headers: &[(String, Vec<u8>)], body: Vec<u8>, done: F)
-    where
+    pub fn finish_then<F>(
+        mut self,
+        status: u16,
+        headers: &[(String, Vec<u8>)],
+        body: Vec<u8>,
+        done: F,
+    ) where
         F: FnOnce(Reply) + Send + 'static,
     {
         let (host, front) = (self.host.clone(), self.front.clone());
-        let lost = move || {
-            tracing::warn!(error = %task_ended("completion"), "the response was not stored");
-            front.store_unavailable().into()
-        };
-        if self.lent.is_some() {
-            // Claimed over a handle the claiming thread drove: its completion is driven the
-            // same way, by a thread of the runtime's blocking pool.
-            let headers = headers.to_vec();
-            let unstored = self.front.clone();
-            let completion = async move {
-                let finishing = move || self.finish(status, &headers, body);
-                match tokio::task::spawn_blocking(finishing).await {
-                    Ok(reply) => reply,
-                    Err(_) => unstored.store_unavailable().into(),
-                }
-            };
-            host.spawn_then(completion, done, lost);
-            return;
+        // A claim a blocking thread drove is finished over the shared connection, which the
+        // runtime drives.
+        if let Some(pool) = self.pool.take() {
+            self.execution = Box::new(self.execution.over(pool.shared()));
         }
         let finishing = self.finishing(status, headers, body);
-        host.spawn_then(finishing, done, lost);
+        host.spawn_then(finishing, done, move || {
+            tracing::warn!(error = %task_ended("completion"), "the response was not stored");
+            front.store_unavailable().into()
+        });
     }
 
     fn finishing(

@@ -1,8 +1,9 @@
 //! Blocking calls on Redis, whose round trips the calling thread makes over a connection lent
-//! to it (src/driven.rs): one execution among racing threads, a lease kept while the lent
-//! connection sits idle under a long function, and calls that succeed after the server
-//! restarted under an idle connection; the same for the HTTP core's requests. Each test runs
-//! a private `redis-server`; skipped without one unless IDEM_REQUIRE_SERVICES=1.
+//! to it for each claim and each completion (src/driven.rs): one execution among racing
+//! threads, no connection held per call under way, a lease kept while no lent connection
+//! runs under a long function, and calls that succeed after the server restarted under idle
+//! connections; the same for the HTTP core's requests. Each test runs a private
+//! `redis-server`; skipped without one unless IDEM_REQUIRE_SERVICES=1.
 
 use std::sync::{Arc, Barrier};
 use std::time::Duration;
@@ -98,7 +99,31 @@ fn racing_threads_run_a_key_once_and_the_rest_replay_it() {
     }
 }
 
-/// The lent connection sits idle while the function runs, for three leases: the heartbeat,
+/// Forty calls under way at once from one thread (each claimed, none finished yet) hold no
+/// connection each: a handle is lent for a claim and for a completion, not across the
+/// function, so the server sees the store's shared connection and the one handle this thread
+/// used, not forty.
+#[test]
+fn calls_under_way_hold_no_connection_each() {
+    let test = "calls_under_way_hold_no_connection_each";
+    let Some((server, store)) = server(test) else {
+        return;
+    };
+    let policy = policy(Duration::from_secs(30), None, "reject");
+    let tickets: Vec<_> = (0..40)
+        .map(|i| match begin(&store, &format!("open-{i}"), &policy) {
+            Started::Execute(t) => t,
+            Started::Prior(p) => panic!("a new key runs: {p:?}"),
+        })
+        .collect();
+    let clients = server.cli(&["client", "list"]).lines().count();
+    assert!(clients <= 4, "{clients} connections for 40 calls under way");
+    for t in tickets {
+        assert_eq!(t.finish(returned("1")).expect("finishes"), Saved::Stored);
+    }
+}
+
+/// No connection runs while the function does, for three leases: the heartbeat,
 /// on the shared runtime, keeps the key, so a duplicate meanwhile finds it in flight (under
 /// `retry`, a lapsed lease would let it take the key over), and the result is stored.
 #[test]
@@ -128,10 +153,12 @@ fn the_lease_is_kept_while_the_function_outlives_it() {
     assert_eq!((p.kind, p.attempts), (PriorKind::Replayed, 1));
 }
 
-/// The server restarts while the lent connections sit idle: between two calls, and inside a
-/// call, between its claim and its completion. The next claim and the completion still
-/// succeed, as on a connection the shared runtime drives (idem-store-redis's
-/// tests/reconnect.rs): a write is never repeated, so it must not meet the dead connection.
+/// The server restarts while the pool's connections sit idle: between two calls, and inside a
+/// call, between its claim and its completion. The next claim still succeeds, as on a
+/// connection the shared runtime drives (idem-store-redis's tests/reconnect.rs): a claim is
+/// never repeated, so it must not meet the dead connection (without the pool's settling
+/// turns, it does, and this fails). The completion succeeds too (the engine would also
+/// repeat it while the store is unavailable, fenced by its token).
 #[test]
 fn calls_succeed_after_the_server_restarted_under_an_idle_connection() {
     let test = "calls_succeed_after_the_server_restarted_under_an_idle_connection";
@@ -165,8 +192,8 @@ fn calls_succeed_after_the_server_restarted_under_an_idle_connection() {
 }
 
 /// A keyed request through the HTTP core, its handler counting runs: racing threads run it
-/// once and the rest replay it; a request claimed before a restart under its lent connection
-/// stores its response after it; and the first request after a restart runs.
+/// once and the rest replay it; a request claimed before a restart stores its response after
+/// it; and the first request after a restart runs (it fails without the pool's settling).
 #[test]
 fn http_requests_run_once_and_finish_across_a_restart() {
     let test = "http_requests_run_once_and_finish_across_a_restart";

@@ -134,6 +134,11 @@ impl RedisStore {
         &self.inner.warnings
     }
 
+    /// Whether the deployment is a Redis Cluster (`redis+cluster://`).
+    pub fn is_cluster(&self) -> bool {
+        matches!(self.con, Connection::Cluster(_))
+    }
+
     /// Whether each claim and completion waits for a replica to hold it.
     pub fn waits_for_replica(&self) -> bool {
         self.inner.wait_for_replica

@@ -536,7 +536,15 @@ impl<S: Store> Engine<S> {
                 metrics::counter!("idem_abandoned_records_total").increment(1);
                 tracing::warn!(key = %key, scope = %scope, "outcome unknown: the record is abandoned until resolved (idem inspect / idem resolve)");
                 // A lease of zero ends now: the record reads as abandoned from this moment.
-                if let Err(e) = self.store.extend(scope, key, token, Duration::ZERO).await {
+                // Over the heartbeat's connection when it has one of its own (`beats_on`):
+                // an extend of the heartbeat's still on its way (one that timed out here)
+                // then lands first, where on another connection it could land after and
+                // give the record a lease again.
+                let store = self
+                    .beats_on
+                    .as_ref()
+                    .map_or(&self.store, |home| &*home.store);
+                if let Err(e) = store.extend(scope, key, token, Duration::ZERO).await {
                     tracing::warn!(error = %e, key = %key, "could not mark an unknown outcome abandoned; it will be once its lease ends");
                 }
                 Answer::Unknown(value)
@@ -680,6 +688,26 @@ impl<S: Store> Execution<S> {
     /// The lease this execution holds.
     pub const fn lease(&self) -> &Lease {
         &self.lease
+    }
+
+    /// This execution, to be finished over `engine`: another handle on its store, made from
+    /// the engine that began it by [`Engine::with_store`] or [`Engine::beating_on`] (or that
+    /// engine itself), so the waiters woken and the cache filled are the same. For a caller
+    /// whose finishing thread drives another connection than the claiming one did.
+    ///
+    /// # Panics
+    /// When `engine` is not of the family of the engine that began this execution.
+    #[must_use]
+    pub fn over(mut self, engine: &Engine<S>) -> Self
+    where
+        S: Clone,
+    {
+        assert!(
+            Arc::ptr_eq(&self.engine.waiters, &engine.waiters),
+            "Execution::over takes a handle on the engine that began the execution"
+        );
+        self.engine = engine.clone();
+        self
     }
 
     /// Keeps what the effect reported, as [`Engine::run`] does, and wakes the duplicates
