@@ -6,7 +6,7 @@
 //! store's connection, which writes it, waits in `epoll`, and wakes the caller with the
 //! answer. A new key on Redis cost about ten context switches that way, and the hand-offs
 //! were a quarter of the calling process's CPU (docs/benchmarks.md, issue 33, "the calling
-//! thread makes its round trips").
+//! thread makes its own round trips").
 //!
 //! So a store whose connection is driven by the runtime that opened it (a single Redis server,
 //! [`AnyStore::connects_per_runtime`]) is reached through a [`Lent`] handle instead: a

@@ -1345,6 +1345,59 @@ mod tests {
     /// its own thread: the lease is kept alive meanwhile (past several leases), a duplicate
     /// sees it in flight, `finish` stores the result for replays, and an execution dropped
     /// unfinished leaves the key abandoned, never released.
+    /// A binding finishes over another handle than the one that claimed (`Execution::over`):
+    /// the record is completed, and the waiters of the one engine family are woken.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn an_execution_is_finished_over_another_handle_of_its_engine() {
+        let store = MemoryStore::new();
+        let engine = Engine::new(store.clone());
+        let other = engine.with_store(store);
+        let p = Policy::default();
+        let Begun::Execute(execution) = engine
+            .begin::<()>(Scope::anonymous(), k("o"), fp(1), &p)
+            .await
+            .unwrap()
+        else {
+            panic!("a new key executes")
+        };
+        let done = execution
+            .over(&other)
+            .finish(Effect::Done(StoredResponse::new(200, "ok")), ())
+            .await;
+        assert!(
+            matches!(
+                done,
+                Answer::Executed {
+                    kept: Kept::Stored,
+                    ..
+                }
+            ),
+            "{done:?}"
+        );
+        let replay = engine.run(Scope::anonymous(), k("o"), fp(1), &p, || async {
+            unreachable!("a completed key does not run")
+        });
+        let replay: Answer<()> = replay.await.unwrap();
+        assert!(matches!(replay, Answer::Replayed(_)), "{replay:?}");
+    }
+
+    /// An engine of another family would wake other waiters and fill another cache.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    #[should_panic(expected = "Execution::over takes a handle on the engine")]
+    async fn an_execution_is_not_finished_over_a_strangers_engine() {
+        let store = MemoryStore::new();
+        let engine = Engine::new(store.clone());
+        let stranger = Engine::new(store);
+        let Begun::Execute(execution) = engine
+            .begin::<()>(Scope::anonymous(), k("s"), fp(1), &Policy::default())
+            .await
+            .unwrap()
+        else {
+            panic!("a new key executes")
+        };
+        drop(execution.over(&stranger));
+    }
+
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn begin_and_finish_are_run_in_two_halves() {
         let engine = Engine::new(MemoryStore::new());
