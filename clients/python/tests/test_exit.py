@@ -33,6 +33,44 @@ SCRIPT = textwrap.dedent(
 )
 
 
+# A coroutine function's call that ran and is finishing when the program ends: its result
+# is encoded (slowly) and stored on the settle pool's thread, which the interpreter waits for.
+ASYNC_SCRIPT = textwrap.dedent(
+    """
+    import asyncio, json, sys, time
+    from idem_runtime import idempotent, scope
+    from idem_runtime._codec import JSON
+
+    class Slow:
+        media_type = JSON.media_type
+
+        def encode(self, value):
+            time.sleep(0.5)
+            return JSON.encode(value)
+
+        def decode(self, data):
+            return JSON.decode(data)
+
+    runs = []
+
+    @idempotent(store=sys.argv[1], tool="ship", codec=Slow())
+    async def ship(order: str) -> dict:
+        runs.append(order)
+        return {"shipped": order}
+
+    async def main():
+        with scope("exit-async"):
+            if sys.argv[2] == "leave":
+                asyncio.get_running_loop().create_task(ship(order="o1"))
+                await asyncio.sleep(0.2)
+            else:
+                print(json.dumps({"answer": await ship(order="o1"), "runs": len(runs)}))
+
+    asyncio.run(main())
+    """
+)
+
+
 class ExitLeavesOneFile(unittest.TestCase):
     def run_script(self, store: str) -> dict:
         p = subprocess.run(
@@ -54,6 +92,31 @@ class ExitLeavesOneFile(unittest.TestCase):
                 copy = os.path.join(other, "idem.db")
                 shutil.copy(path, copy)
                 self.assertEqual(self.run_script(f"sqlite:{copy}"), {"charges": 0})
+
+
+    def test_a_coroutines_finish_under_way_at_exit_is_kept(self):
+        """asyncio.run cancels the task that awaits the finish, and the loop closes; the
+        finish itself goes on, on the settle pool, and the interpreter waits for it: the next
+        process replays instead of meeting an unknown outcome."""
+        with tempfile.TemporaryDirectory() as tmp:
+            store = f"sqlite:{os.path.join(tmp, 'idem.db')}"
+            left = subprocess.run(
+                [sys.executable, "-c", ASYNC_SCRIPT, store, "leave"],
+                capture_output=True,
+                text=True,
+                timeout=60,
+            )
+            self.assertEqual(left.returncode, 0, left.stderr)
+            again = subprocess.run(
+                [sys.executable, "-c", ASYNC_SCRIPT, store, "again"],
+                capture_output=True,
+                text=True,
+                timeout=60,
+            )
+            self.assertEqual(again.returncode, 0, again.stderr)
+            self.assertEqual(
+                json.loads(again.stdout), {"answer": {"shipped": "o1"}, "runs": 0}
+            )
 
 
 if __name__ == "__main__":

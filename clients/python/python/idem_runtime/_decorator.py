@@ -19,6 +19,7 @@ the key, or, under ``on_abandoned="retry"``, runs again.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextvars
 import dataclasses
 import datetime
@@ -58,9 +59,45 @@ _stores_lock = threading.Lock()
 
 
 def _reset_after_fork() -> None:
-    """In a forked child: a parent thread may have held the lock at the moment of the fork."""
-    global _stores_lock
+    """In a forked child: a parent thread may have held the locks at the moment of the fork,
+    and the settle pool's threads are the parent's (the child has none of them)."""
+    global _stores_lock, _settlers, _settlers_lock
     _stores_lock = threading.Lock()
+    _settlers, _settlers_lock = None, threading.Lock()
+
+
+SETTLERS = 64
+"""Threads kept for finishing coroutine functions' calls (``_settle_soon``)."""
+
+_settlers: Optional[concurrent.futures.ThreadPoolExecutor] = None
+_settlers_lock = threading.Lock()
+
+
+def _settle_soon(fn: Callable[[], Any]) -> None:
+    """Runs ``fn`` (a ticket's finishing step) on a thread of the settle pool.
+
+    Not the loop's default executor: duplicates waiting for a call in flight may hold all its
+    threads (a handful: cpu + 4), and a finish queued behind them could not run until their
+    ``wait`` ran out. A finish never waits for another call, so the pool's threads are never
+    all held by waiters; more than ``SETTLERS`` finishing at once (a store that is down, each
+    retrying for half its lease) queue behind each other. Reused, a call pays no thread start,
+    which was a third of a coroutine's new key (docs/benchmarks.md). Its threads are joined at
+    exit, as the thread per finish it replaced was: a finish in flight when the program ends
+    still lands."""
+    global _settlers
+    pool = _settlers
+    if pool is None:
+        with _settlers_lock:
+            if _settlers is None:
+                _settlers = concurrent.futures.ThreadPoolExecutor(
+                    max_workers=SETTLERS, thread_name_prefix="idem-settle"
+                )
+            pool = _settlers
+    try:
+        pool.submit(fn)
+    except RuntimeError:
+        # The interpreter is exiting and the pool takes no more work: a thread of its own.
+        threading.Thread(target=fn, name="idem-settle").start()
 
 
 def open_store(url: Optional[str] = None) -> _native.Store:
@@ -470,14 +507,12 @@ def _release_unused(claim: "asyncio.Future[Tuple[str, Any]]") -> None:
         return
     started = claim.result()[1]
     if started.__class__ is not _Prior:
-        threading.Thread(target=started.finish_not_run, name="idem-settle").start()
+        _settle_soon(started.finish_not_run)
 
 
 async def _settle(fn: Callable[..., Any], *args: Any) -> Any:
-    """Runs a ticket's finishing step in a thread of its own, not the loop's default executor:
-    duplicates waiting for this very call occupy that executor's threads (a handful: cpu + 4),
-    so a finish queued behind them could not run until their ``wait`` ran out, and all of
-    them then failed with ``InFlightError``. Once per call that ran; a replay needs none."""
+    """Runs a ticket's finishing step on the settle pool (``_settle_soon``), and answers what
+    it returned or raised. Once per call that ran; a replay needs none."""
     loop = asyncio.get_running_loop()
     done: asyncio.Future = loop.create_future()
     context = contextvars.copy_context()  # as asyncio.to_thread: a codec may read it
@@ -496,7 +531,7 @@ async def _settle(fn: Callable[..., Any], *args: Any) -> Any:
         except RuntimeError:
             pass  # the loop closed meanwhile; the ticket was finished all the same
 
-    threading.Thread(target=run, name="idem-settle").start()
+    _settle_soon(run)
     return await done
 
 
