@@ -41,10 +41,15 @@ ASYNC_SCRIPT = textwrap.dedent(
     from idem_runtime import idempotent, scope
     from idem_runtime._codec import JSON
 
+    import threading
+
+    finishing = threading.Event()
+
     class Slow:
         media_type = JSON.media_type
 
         def encode(self, value):
+            finishing.set()
             time.sleep(0.5)
             return JSON.encode(value)
 
@@ -62,7 +67,9 @@ ASYNC_SCRIPT = textwrap.dedent(
         with scope("exit-async"):
             if sys.argv[2] == "leave":
                 asyncio.get_running_loop().create_task(ship(order="o1"))
-                await asyncio.sleep(0.2)
+                # Until the call ran and its finish is under way, however slow the machine.
+                while not finishing.is_set():
+                    await asyncio.sleep(0.01)
             else:
                 print(json.dumps({"answer": await ship(order="o1"), "runs": len(runs)}))
 

@@ -22,18 +22,21 @@
 //!   threads ever drive one handle at once.
 //! - **Heartbeats** run on the shared runtime over the shared connection
 //!   ([`Engine::beating_on`]): no lent runtime runs while the function does.
-//! - **The pool** keeps up to [`IDLE_KEPT`] idle handles, for at most [`IDLE_FOR`] each; one
-//!   returned beyond that, or idle longer, is dropped (its connection closes). When no handle
-//!   can be had (the server refuses another connection, the process is out of descriptors),
-//!   the call goes over the shared runtime as before.
+//! - **The pool** keeps up to [`IDLE_KEPT`] idle handles; one returned beyond that is dropped
+//!   (its connection closes), and so is one found idle for [`IDLE_FOR`] when another comes
+//!   back (a pool no call uses keeps its handles until one does). When no handle can be had
+//!   (the server refuses another connection, the process is out of descriptors), the call
+//!   goes over the shared runtime as before, and no handle is tried for a moment.
 //! - **Idle connections.** No thread drives an idle handle's runtime, so its connection has not
 //!   heard the server close it (a restart) until the runtime next runs. So each use first
 //!   lets the runtime handle what arrived meanwhile ([`SETTLE_TURNS`]): the connection
 //!   manager has then reconnected before a command is written, as it would have on the shared
 //!   runtime, and the first claim after a restart succeeds (`tests/driven.rs`).
-//! - **Not on a Redis Cluster**: a handle there is a connection to every node and a read of
-//!   the slot map, and its client learns of a closed connection only by a failed command,
-//!   so the settling above would not help. A cluster's calls stay on the shared runtime.
+//! - **Only where a connection hears a close** (one server on RESP3, idem's default). On
+//!   `protocol=resp2`, or on a Redis Cluster, a connection learns of a close only when a
+//!   command on it fails, so the settling above would not help and each idle handle would
+//!   fail one claim after a restart; and a cluster handle is a connection to every node and a
+//!   read of the slot map. Those calls stay on the shared runtime.
 
 use std::future::Future;
 use std::sync::{Arc, Mutex, PoisonError};
@@ -46,9 +49,15 @@ use tokio::runtime::{Handle, Runtime};
 use crate::EmbedError;
 use crate::host::HostError;
 
-/// Idle handles kept for the next calls. More threads than this blocked at once each get a
-/// handle; the extra ones are dropped as they come back.
-pub(crate) const IDLE_KEPT: usize = 32;
+/// Idle handles kept for the next calls: more than the Python package's threads that may
+/// block on a store at once in the usual case (its 64 finishing threads and the event loop's
+/// executor), so a steady load does not open and close connections. More threads than this
+/// blocked at once each get a handle; the extra ones are dropped as they come back.
+pub(crate) const IDLE_KEPT: usize = 96;
+
+/// After a handle could not be opened, how long calls go over the shared runtime without
+/// trying again.
+const RETRY_OPEN_AFTER: Duration = Duration::from_secs(1);
 
 /// How long an idle handle is kept: a burst of threads leaves no connections behind for long.
 pub(crate) const IDLE_FOR: Duration = Duration::from_secs(30);
@@ -67,6 +76,10 @@ pub(crate) struct Pool {
     engine: Engine<AnyStore>,
     /// The process's multi-threaded runtime, where heartbeats run.
     beats_on: Handle,
+    /// When a handle could last not be opened: none is tried again for [`RETRY_OPEN_AFTER`],
+    /// so that while the server cannot be reached a call waits out one connection timeout
+    /// (on the shared runtime), not two.
+    failed_open: Mutex<Option<Instant>>,
     /// Boxed as they are lent: moved in and out whole, a pointer each.
     #[allow(clippy::vec_box)]
     idle: Mutex<Vec<Box<Driven>>>,
@@ -93,12 +106,13 @@ impl Pool {
     /// A pool for `engine`'s store when that store gains by a runtime per caller, else `None`.
     pub(crate) fn for_store(engine: &Engine<AnyStore>, beats_on: Handle) -> Option<Arc<Pool>> {
         let store = engine.store();
-        let cluster = matches!(store, AnyStore::Redis(r) if r.is_cluster());
-        (store.connects_per_runtime() && !cluster).then(|| {
+        let hears_closes = matches!(store, AnyStore::Redis(r) if r.hears_closes());
+        (store.connects_per_runtime() && hears_closes).then(|| {
             Arc::new(Pool {
                 engine: engine.clone(),
                 beats_on,
                 idle: Mutex::new(Vec::new()),
+                failed_open: Mutex::new(None),
             })
         })
     }
@@ -128,7 +142,27 @@ impl Pool {
             .pop();
         let driven = match idle {
             Some(d) => d,
-            None => self.open()?,
+            None => {
+                let mut failed = self
+                    .failed_open
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner);
+                if failed.is_some_and(|at| at.elapsed() < RETRY_OPEN_AFTER) {
+                    return Err(EmbedError::Store(idem_core::StoreError::Unavailable(
+                        "a connection could not be opened a moment ago".into(),
+                    )));
+                }
+                match self.open() {
+                    Ok(d) => {
+                        *failed = None;
+                        d
+                    }
+                    Err(e) => {
+                        *failed = Some(Instant::now());
+                        return Err(e);
+                    }
+                }
+            }
         };
         Ok(Lent {
             driven: Some(driven),
@@ -151,8 +185,9 @@ impl Pool {
     }
 
     fn take_back(&self, mut driven: Box<Driven>) {
-        driven.used = Instant::now();
         let mut idle = self.idle.lock().unwrap_or_else(PoisonError::into_inner);
+        // Under the lock, so the list stays in the order handles came back.
+        driven.used = Instant::now();
         // Oldest first: lent from the back, the front is what sat longest.
         let stale = idle
             .iter()
@@ -177,6 +212,17 @@ impl Pool {
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .len()
+    }
+}
+
+impl Drop for Pool {
+    fn drop(&mut self) {
+        // The last holder may be a task on a runtime (an execution finished there), where a
+        // runtime's ordinary drop would panic.
+        let idle = std::mem::take(self.idle.get_mut().unwrap_or_else(PoisonError::into_inner));
+        for driven in idle {
+            close(driven);
+        }
     }
 }
 

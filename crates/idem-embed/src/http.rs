@@ -445,6 +445,9 @@ impl HttpExecution {
     /// blocking. Answers what the caller is sent: the response, with the headers withheld from
     /// the record in the anonymous scope. A header that is not HTTP is not stored or sent.
     pub fn finish(mut self, status: u16, headers: &[(String, Vec<u8>)], body: Vec<u8>) -> Reply {
+        if self.claimed_elsewhere() {
+            return self.left_to_its_process();
+        }
         let host = self.host.clone();
         let Some(pool) = self.pool.take() else {
             return host.block_on(self.finishing(status, headers, body));
@@ -464,22 +467,16 @@ impl HttpExecution {
     /// As [`HttpExecution::finish`], without blocking the calling thread: the completion runs
     /// as a task on the runtime that began the request, and `done` gets the reply, on one
     /// of its threads (see [`HttpFront::begin_then`]).
-    pub fn finish_then<F>(
-        mut self,
-        status: u16,
-        headers: &[(String, Vec<u8>)],
-        body: Vec<u8>,
-        done: F,
-    ) where
+    pub fn finish_then<F>(self, status: u16, headers: &[(String, Vec<u8>)], body: Vec<u8>, done: F)
+    where
         F: FnOnce(Reply) + Send + 'static,
     {
-        let (host, front) = (self.host.clone(), self.front.clone());
-        // A claim a blocking thread drove is finished over the shared connection, which the
-        // runtime drives.
-        if let Some(pool) = self.pool.take() {
-            self.execution = Box::new(self.execution.over(pool.shared()));
+        if self.claimed_elsewhere() {
+            return done(self.left_to_its_process());
         }
-        let finishing = self.finishing(status, headers, body);
+        let (host, front) = (self.host.clone(), self.front.clone());
+        let this = self.on_the_runtime();
+        let finishing = this.finishing(status, headers, body);
         host.spawn_then(finishing, done, move || {
             tracing::warn!(error = %task_ended("completion"), "the response was not stored");
             front.store_unavailable().into()
@@ -524,8 +521,12 @@ impl HttpExecution {
     /// going away mid-request: whatever it did is unknown, so the record is marked abandoned
     /// at once, never released ([design §4](docs/design.md#4-which-results-are-kept)).
     pub fn unknown(self) {
+        if self.claimed_elsewhere() {
+            self.left_to_its_process();
+            return;
+        }
         let host = self.host.clone();
-        host.block_on(self.marked_unknown());
+        host.block_on(self.on_the_runtime().marked_unknown());
     }
 
     /// The response broke off or was over [`HttpExecution::max_response`]: marked unknown, as
@@ -542,8 +543,12 @@ impl HttpExecution {
     where
         F: FnOnce() + Send + 'static,
     {
+        if self.claimed_elsewhere() {
+            self.left_to_its_process();
+            return done();
+        }
         let host = self.host.clone();
-        host.spawn_then(self.marked_unknown(), |()| done(), || ());
+        host.spawn_then(self.on_the_runtime().marked_unknown(), |()| done(), || ());
     }
 
     /// As [`HttpExecution::failed`], without blocking the calling thread: `done` gets
@@ -554,6 +559,31 @@ impl HttpExecution {
     {
         let front = self.front.clone();
         self.unknown_then(move || done(front.response_failed().into()));
+    }
+
+    /// This execution, to be finished over the shared connection, which the runtime drives:
+    /// a claim a blocking thread drove went over a connection no thread drives now.
+    fn on_the_runtime(mut self) -> Self {
+        if let Some(pool) = self.pool.take() {
+            self.execution = Box::new(self.execution.over(pool.shared()));
+        }
+        self
+    }
+
+    /// Whether this request was claimed in another process: a handler forked, and its child
+    /// returned through the middleware. The parent's runtime and connections are not the
+    /// child's to use.
+    fn claimed_elsewhere(&self) -> bool {
+        std::process::id() != self.host.pid()
+    }
+
+    /// Lets go of a request claimed in another process without touching anything of it (its
+    /// drop would stop a heartbeat on the parent's runtime): the parent finishes it, or its
+    /// lease ends. The child's caller is told the store could not be used.
+    fn left_to_its_process(self) -> Reply {
+        let reply = self.front.store_unavailable().into();
+        std::mem::forget(self);
+        reply
     }
 
     async fn marked_unknown(self) {

@@ -80,6 +80,19 @@ impl Opener {
         }
     }
 
+    /// Whether a connection hears at once that the server closed it (a single server on
+    /// RESP3: the close arrives as a disconnection the connection manager reconnects on),
+    /// rather than only when a command on it fails (RESP2, or a cluster).
+    pub(crate) fn hears_closes(&self) -> bool {
+        match self {
+            Opener::Single { client, .. } => {
+                client.get_connection_info().redis_settings().protocol()
+                    == redis::ProtocolVersion::RESP3
+            }
+            Opener::Cluster(_) => false,
+        }
+    }
+
     /// Opens a connection on the current runtime, within `timeout`.
     pub(crate) async fn open(&self, timeout: Duration) -> Result<Connection, StoreError> {
         match self {

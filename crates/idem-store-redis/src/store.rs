@@ -134,9 +134,11 @@ impl RedisStore {
         &self.inner.warnings
     }
 
-    /// Whether the deployment is a Redis Cluster (`redis+cluster://`).
-    pub fn is_cluster(&self) -> bool {
-        matches!(self.con, Connection::Cluster(_))
+    /// Whether a connection of this store hears at once that the server closed it, and
+    /// reconnects before its next command (one server on RESP3, idem's default), rather than
+    /// only when a command on it fails (`protocol=resp2`, or a Redis Cluster).
+    pub fn hears_closes(&self) -> bool {
+        self.inner.opener.hears_closes()
     }
 
     /// Whether each claim and completion waits for a replica to hold it.

@@ -19,7 +19,6 @@ the key, or, under ``on_abandoned="retry"``, runs again.
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import contextvars
 import dataclasses
 import datetime
@@ -29,6 +28,10 @@ import json
 import logging
 import os
 import threading
+
+# Imported now, not when the first finish needs it: the module registers its exit hook as it
+# is imported, which an interpreter already exiting refuses.
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Callable, Optional, Sequence, Tuple, Type, Union
 
 from . import _native, _otel
@@ -69,8 +72,15 @@ def _reset_after_fork() -> None:
 SETTLERS = 64
 """Threads kept for finishing coroutine functions' calls (``_settle_soon``)."""
 
-_settlers: Optional[concurrent.futures.ThreadPoolExecutor] = None
+_settlers: Optional[ThreadPoolExecutor] = None
 _settlers_lock = threading.Lock()
+
+
+def _report_failure(done: Future) -> None:
+    """Logs what a finishing step raised, as the thread per finish it replaced printed it."""
+    error = done.exception()
+    if error is not None:
+        log.error("idem: finishing a call failed", exc_info=error)
 
 
 def _settle_soon(fn: Callable[[], Any]) -> None:
@@ -89,12 +99,10 @@ def _settle_soon(fn: Callable[[], Any]) -> None:
     if pool is None:
         with _settlers_lock:
             if _settlers is None:
-                _settlers = concurrent.futures.ThreadPoolExecutor(
-                    max_workers=SETTLERS, thread_name_prefix="idem-settle"
-                )
+                _settlers = ThreadPoolExecutor(max_workers=SETTLERS, thread_name_prefix="idem-settle")
             pool = _settlers
     try:
-        pool.submit(fn)
+        pool.submit(fn).add_done_callback(_report_failure)
     except RuntimeError:
         # The interpreter is exiting and the pool takes no more work: a thread of its own.
         threading.Thread(target=fn, name="idem-settle").start()

@@ -1341,12 +1341,8 @@ mod tests {
         assert_eq!(b.cache().map(CompletedCache::len), Some(2));
     }
 
-    /// `begin` and `finish` are `run` in two halves, for a binding whose function runs on
-    /// its own thread: the lease is kept alive meanwhile (past several leases), a duplicate
-    /// sees it in flight, `finish` stores the result for replays, and an execution dropped
-    /// unfinished leaves the key abandoned, never released.
     /// A binding finishes over another handle than the one that claimed (`Execution::over`):
-    /// the record is completed, and the waiters of the one engine family are woken.
+    /// the record is completed, and the claiming handle's engine replays it.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn an_execution_is_finished_over_another_handle_of_its_engine() {
         let store = MemoryStore::new();
@@ -1398,6 +1394,10 @@ mod tests {
         drop(execution.over(&stranger));
     }
 
+    /// `begin` and `finish` are `run` in two halves, for a binding whose function runs on
+    /// its own thread: the lease is kept alive meanwhile (past several leases), a duplicate
+    /// sees it in flight, `finish` stores the result for replays, and an execution dropped
+    /// unfinished leaves the key abandoned, never released.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn begin_and_finish_are_run_in_two_halves() {
         let engine = Engine::new(MemoryStore::new());
