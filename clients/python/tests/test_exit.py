@@ -79,26 +79,27 @@ ASYNC_SCRIPT = textwrap.dedent(
 
 
 class ExitLeavesOneFile(unittest.TestCase):
-    def run_script(self, store: str) -> dict:
+    def run_script(self, script: str, *args: str) -> str:
+        """``script`` in a process of its own; what it printed, once it exited 0."""
         p = subprocess.run(
-            [sys.executable, "-c", SCRIPT, store],
+            [sys.executable, "-c", script, *args],
             capture_output=True,
             text=True,
             timeout=60,
         )
         self.assertEqual(p.returncode, 0, p.stderr)
-        return json.loads(p.stdout)
+        return p.stdout
 
     def test_a_sqlite_store_is_one_complete_file_after_exit(self):
         with tempfile.TemporaryDirectory() as tmp:
             path = os.path.join(tmp, "idem.db")
-            self.assertEqual(self.run_script(f"sqlite:{path}"), {"charges": 2})
+            self.assertEqual(json.loads(self.run_script(SCRIPT, f"sqlite:{path}")), {"charges": 2})
             self.assertEqual(sorted(os.listdir(tmp)), ["idem.db"])
             # The file alone, copied elsewhere, answers the replays.
             with tempfile.TemporaryDirectory() as other:
                 copy = os.path.join(other, "idem.db")
                 shutil.copy(path, copy)
-                self.assertEqual(self.run_script(f"sqlite:{copy}"), {"charges": 0})
+                self.assertEqual(json.loads(self.run_script(SCRIPT, f"sqlite:{copy}")), {"charges": 0})
 
 
     def test_a_coroutines_finish_under_way_at_exit_is_kept(self):
@@ -107,23 +108,9 @@ class ExitLeavesOneFile(unittest.TestCase):
         process replays instead of meeting an unknown outcome."""
         with tempfile.TemporaryDirectory() as tmp:
             store = f"sqlite:{os.path.join(tmp, 'idem.db')}"
-            left = subprocess.run(
-                [sys.executable, "-c", ASYNC_SCRIPT, store, "leave"],
-                capture_output=True,
-                text=True,
-                timeout=60,
-            )
-            self.assertEqual(left.returncode, 0, left.stderr)
-            again = subprocess.run(
-                [sys.executable, "-c", ASYNC_SCRIPT, store, "again"],
-                capture_output=True,
-                text=True,
-                timeout=60,
-            )
-            self.assertEqual(again.returncode, 0, again.stderr)
-            self.assertEqual(
-                json.loads(again.stdout), {"answer": {"shipped": "o1"}, "runs": 0}
-            )
+            self.run_script(ASYNC_SCRIPT, store, "leave")
+            again = json.loads(self.run_script(ASYNC_SCRIPT, store, "again"))
+            self.assertEqual(again, {"answer": {"shipped": "o1"}, "runs": 0})
 
 
 if __name__ == "__main__":

@@ -8,9 +8,9 @@
 //! were a quarter of the calling process's CPU (docs/benchmarks.md, issue 33, "the calling
 //! thread makes its own round trips").
 //!
-//! So a store whose connection is driven by the runtime that opened it (a single Redis server,
-//! [`AnyStore::connects_per_runtime`]) is reached through a [`Lent`] handle instead: a
-//! current-thread runtime and a connection of its own
+//! So a store whose connection is driven by the runtime that opened it (a single Redis server;
+//! every other store's `for_this_runtime` answers a clone) is reached through a [`Lent`]
+//! handle instead: a current-thread runtime and a connection of its own
 //! ([`Store::for_this_runtime`](idem_core::Store::for_this_runtime)), which the calling thread
 //! drives while it blocks on the call. The command is written and answered on that thread.
 //!
@@ -105,9 +105,8 @@ pub(crate) struct Lent {
 impl Pool {
     /// A pool for `engine`'s store when that store gains by a runtime per caller, else `None`.
     pub(crate) fn for_store(engine: &Engine<AnyStore>, beats_on: Handle) -> Option<Arc<Pool>> {
-        let store = engine.store();
-        let hears_closes = matches!(store, AnyStore::Redis(r) if r.hears_closes());
-        (store.connects_per_runtime() && hears_closes).then(|| {
+        let hears_closes = matches!(engine.store(), AnyStore::Redis(r) if r.hears_closes());
+        hears_closes.then(|| {
             Arc::new(Pool {
                 engine: engine.clone(),
                 beats_on,

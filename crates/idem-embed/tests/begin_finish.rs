@@ -5,23 +5,11 @@ use std::time::Duration;
 use idem_embed::{KeyFields, PriorKind, Report, Saved, Started, Store, ToolPolicy};
 use serde_json::json;
 
-fn policy(wait: Option<Duration>) -> ToolPolicy {
-    ToolPolicy::new(
-        Duration::from_secs(5),
-        Duration::from_secs(3600),
-        wait,
-        "reject",
-        1 << 20,
-    )
-    .expect("a valid policy")
-}
+mod support;
+use support::returned;
 
-fn returned(body: &str) -> Report {
-    Report::Result {
-        status: idem_embed::call::RETURNED,
-        body: body.as_bytes().to_vec(),
-        media_type: "application/json".into(),
-    }
+fn policy(wait: Option<Duration>) -> ToolPolicy {
+    support::policy(Duration::from_secs(5), wait, "reject")
 }
 
 fn execute(store: &Store, key: &str, args: serde_json::Value) -> idem_embed::Ticket {

@@ -10,27 +10,11 @@ use std::time::Duration;
 
 use idem_conformance::redis_servers::{Persistence, RedisServer};
 use idem_embed::http::{Admitted, Begun, HttpFront, config_of};
-use idem_embed::{PriorKind, Report, Saved, Started, Store, ToolPolicy};
+use idem_embed::{PriorKind, Saved, Started, Store, ToolPolicy};
 use serde_json::json;
 
-fn policy(lease: Duration, wait: Option<Duration>, on_abandoned: &str) -> ToolPolicy {
-    ToolPolicy::new(
-        lease,
-        Duration::from_secs(3600),
-        wait,
-        on_abandoned,
-        1 << 20,
-    )
-    .expect("a valid policy")
-}
-
-fn returned(body: &str) -> Report {
-    Report::Result {
-        status: idem_embed::call::RETURNED,
-        body: body.as_bytes().to_vec(),
-        media_type: "application/json".into(),
-    }
-}
+mod support;
+use support::{policy, returned};
 
 /// A private server that keeps every write on disk (so a record outlives a restart), and a
 /// store on it.

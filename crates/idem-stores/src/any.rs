@@ -44,13 +44,6 @@ impl AnyStore {
         }
     }
 
-    /// Whether [`Store::for_this_runtime`](idem_core::Store::for_this_runtime) opens a
-    /// connection driven by the caller's runtime (Redis's multiplexed connection), rather
-    /// than answering a clone: only then does a caller gain by a runtime of its own.
-    pub const fn connects_per_runtime(&self) -> bool {
-        matches!(self, AnyStore::Redis(_))
-    }
-
     /// Stops the store now, for every handle on it, when its process is about to exit while
     /// handles remain: a SQLite store commits what is queued and closes its file, leaving no
     /// WAL beside it ([`SqliteStore::close`]); later calls fail closed. The other stores keep

@@ -1349,14 +1349,8 @@ mod tests {
         let engine = Engine::new(store.clone());
         let other = engine.with_store(store);
         let p = Policy::default();
-        let Begun::Execute(execution) = engine
-            .begin::<()>(Scope::anonymous(), k("o"), fp(1), &p)
+        let done = begin_new(&engine, "o", &p)
             .await
-            .unwrap()
-        else {
-            panic!("a new key executes")
-        };
-        let done = execution
             .over(&other)
             .finish(Effect::Done(StoredResponse::new(200, "ok")), ())
             .await;
@@ -1384,13 +1378,7 @@ mod tests {
         let store = MemoryStore::new();
         let engine = Engine::new(store.clone());
         let stranger = Engine::new(store);
-        let Begun::Execute(execution) = engine
-            .begin::<()>(Scope::anonymous(), k("s"), fp(1), &Policy::default())
-            .await
-            .unwrap()
-        else {
-            panic!("a new key executes")
-        };
+        let execution = begin_new(&engine, "s", &Policy::default()).await;
         drop(execution.over(&stranger));
     }
 
