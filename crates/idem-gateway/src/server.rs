@@ -66,8 +66,8 @@ pub async fn serve<St: Store + ListRecords + Clone>(
         .map(|proxy| {
             let (layer, detached) = (layer.clone(), detached.clone());
             // On the serving thread: its own store connection where the store has one to
-            // drive (Redis), so a store call does not cross threads; waiters and the
-            // completed-record cache stay shared.
+            // drive (Redis; PostgreSQL's batchers), so a store call does not cross threads;
+            // waiters and the completed-record cache stay shared.
             move || async move {
                 let store = layer
                     .store()

@@ -16,6 +16,8 @@ use idem_core::{
 };
 use tokio::sync::oneshot;
 
+use deadpool_postgres::Pool;
+
 use crate::batch::Job;
 use crate::inner::{Conn, Inner, Lane};
 use crate::sql::{now_of, record_of, unavailable, unavailable_because};
@@ -200,17 +202,21 @@ impl Inner {
     /// A batch of claims: one statement per (abandoned policy, retention) among distinct
     /// keys. A key claimed twice in one batch is answered from the first one's row; any claim
     /// the statement left unsettled runs alone after, with the same token.
-    pub(crate) async fn claim_batch(&self, jobs: Vec<Job<ClaimJob, Result<Claim, StoreError>>>) {
+    pub(crate) async fn claim_batch(
+        &self,
+        pool: &Pool,
+        jobs: Vec<Job<ClaimJob, Result<Claim, StoreError>>>,
+    ) {
         // A caller that gave up (its timeout passed) is not claimed for: nobody would hold
         // the lease, and its retry would find the key in flight, then abandoned.
         let jobs: Vec<_> = jobs.into_iter().filter(|(_, r)| !r.is_closed()).collect();
         if jobs.is_empty() {
             return;
         }
-        let client = match self.client().await {
+        let client = match pool.get().await {
             Ok(c) => c,
             Err(e) => {
-                let why = e.to_string();
+                let why = unavailable("connect", e).to_string();
                 for (_, reply) in jobs {
                     let _ = reply.send(Err(unavailable_because("claim", &why)));
                 }

@@ -11,6 +11,8 @@ use std::collections::HashMap;
 use idem_core::{FencingToken, Key, Record, Scope, StoreError, StoredResponse};
 use tokio_postgres::types::Type;
 
+use deadpool_postgres::Pool;
+
 use crate::batch::Job;
 use crate::inner::{Conn, Inner, Lane};
 use crate::sql::{record_of, unavailable, unavailable_because};
@@ -96,12 +98,13 @@ impl Inner {
     /// A batch of completions; a key completed twice in one batch runs on its own after.
     pub(crate) async fn complete_batch(
         &self,
+        pool: &Pool,
         jobs: Vec<Job<Completion, Result<Record, StoreError>>>,
     ) {
-        let client = match self.after_commit_client().await {
+        let client = match pool.get().await {
             Ok(c) => c,
             Err(e) => {
-                let why = e.to_string();
+                let why = unavailable("connect", e).to_string();
                 for (_, reply) in jobs {
                     let _ = reply.send(Err(unavailable_because("complete", &why)));
                 }

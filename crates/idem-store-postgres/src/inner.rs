@@ -40,6 +40,19 @@ pub(crate) struct Inner {
     /// What a write of its own opens with behind a pooler, per [`Lane`].
     begin_claim: String,
     begin_after_commit: String,
+    /// What the two pools connect with, for the batchers' pools of a handle on another
+    /// runtime ([`Inner::own_batch_pools`]).
+    claim_config: tokio_postgres::Config,
+    after_commit_config: tokio_postgres::Config,
+    /// How many batches of each kind run at once, so how many connections they need.
+    pub(crate) batches_in_flight: usize,
+}
+
+/// The pools batched claims and batched completions take their connection from.
+#[derive(Clone)]
+pub(crate) struct BatchPools {
+    pub(crate) claims: Pool,
+    pub(crate) completions: Pool,
 }
 
 /// A statement's parameters, each with its type: behind a pooler a statement is unnamed and
@@ -92,7 +105,7 @@ impl Inner {
     /// the settings go in each transaction rather than in the connections' startup options.
     pub(crate) fn new(opts: PgOptions, pooled: bool) -> Result<Self, StoreError> {
         let settings = Settings::of(&opts);
-        let (claims, after_commit) = if pooled {
+        let (claim_config, after_commit_config) = if pooled {
             (opts.config.clone(), opts.config.clone())
         } else {
             (
@@ -100,8 +113,12 @@ impl Inner {
                 settings.startup(&opts.config, Lane::AfterCommit),
             )
         };
-        let pool = new_pool(claims, opts.pool_size, opts.op_timeout)?;
-        let after_commit = new_pool(after_commit, opts.pool_size.div_ceil(2), opts.op_timeout)?;
+        let pool = new_pool(claim_config.clone(), opts.pool_size, opts.op_timeout)?;
+        let after_commit = new_pool(
+            after_commit_config.clone(),
+            opts.pool_size.div_ceil(2),
+            opts.op_timeout,
+        )?;
         let quoted = format!("\"{}\"", opts.schema);
         Ok(Inner {
             pool,
@@ -115,6 +132,37 @@ impl Inner {
             pooled,
             begin_claim: settings.begin(Lane::Claim),
             begin_after_commit: settings.begin(Lane::AfterCommit),
+            claim_config,
+            after_commit_config,
+            batches_in_flight: opts.batches_in_flight.max(1),
+        })
+    }
+
+    /// The store's own pools, for the batchers started at connect.
+    pub(crate) fn shared_batch_pools(&self) -> BatchPools {
+        BatchPools {
+            claims: self.pool.clone(),
+            completions: self.after_commit.clone(),
+        }
+    }
+
+    /// Pools of their own for batchers started on another runtime, one connection per batch
+    /// in flight in each. deadpool spawns a connection's task on the runtime that asks for
+    /// it, so these connections are driven where the batches run: a serving thread's claims
+    /// are written and answered on that thread, not by the runtime that connected first.
+    /// Nothing connects until the first batch.
+    pub(crate) fn own_batch_pools(&self) -> Result<BatchPools, StoreError> {
+        Ok(BatchPools {
+            claims: new_pool(
+                self.claim_config.clone(),
+                self.batches_in_flight,
+                self.op_timeout,
+            )?,
+            completions: new_pool(
+                self.after_commit_config.clone(),
+                self.batches_in_flight,
+                self.op_timeout,
+            )?,
         })
     }
 

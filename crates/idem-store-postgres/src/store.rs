@@ -19,7 +19,7 @@ use idem_core::{
 use crate::batch::Batcher;
 use crate::claims::ClaimJob;
 use crate::completions::Completion;
-use crate::inner::Inner;
+use crate::inner::{BatchPools, Inner};
 use crate::options::PgOptions;
 use crate::replay_writer;
 use crate::schema;
@@ -39,10 +39,41 @@ pub struct PgStore {
     warnings: Arc<[String]>,
 }
 
-/// The claim and completion batchers, shared by a store's clones.
+/// The claim and completion batchers, shared by a store's clones; a handle on another
+/// runtime has its own ([`Store::for_this_runtime`]).
 struct Batchers {
     claims: Batcher<ClaimJob, Result<Claim, StoreError>>,
     completions: Batcher<Completion, Result<Record, StoreError>>,
+}
+
+impl Batchers {
+    /// Starts both batchers on the runtime this is called on, each batch on a connection
+    /// from `pools`. They hold the store weakly: dropping the last handle ends them.
+    fn start(inner: &Arc<Inner>, pools: BatchPools) -> Self {
+        let in_flight = inner.batches_in_flight;
+        let (weak, claims_pool) = (Arc::downgrade(inner), pools.claims);
+        let claims = Batcher::start(MAX_BATCH, in_flight, move |jobs| {
+            let (weak, pool) = (weak.clone(), claims_pool.clone());
+            async move {
+                if let Some(inner) = weak.upgrade() {
+                    inner.claim_batch(&pool, jobs).await;
+                }
+            }
+        });
+        let (weak, completions_pool) = (Arc::downgrade(inner), pools.completions);
+        let completions = Batcher::start(MAX_BATCH, in_flight, move |jobs| {
+            let (weak, pool) = (weak.clone(), completions_pool.clone());
+            async move {
+                if let Some(inner) = weak.upgrade() {
+                    inner.complete_batch(&pool, jobs).await;
+                }
+            }
+        });
+        Batchers {
+            claims,
+            completions,
+        }
+    }
 }
 
 impl fmt::Debug for PgStore {
@@ -62,7 +93,6 @@ impl PgStore {
     /// promoted without the last claims), naming the setting to change, unless the URL says
     /// `durability=volatile` ([`crate::Durability`]).
     pub async fn connect(opts: PgOptions) -> Result<Self, StoreError> {
-        let in_flight = opts.batches_in_flight.max(1);
         let probe = match tokio::time::timeout(opts.op_timeout, server::probe(&opts)).await {
             Ok(probe) => probe?,
             Err(_) => {
@@ -80,29 +110,7 @@ impl PgStore {
             })
             .await?;
         tokio::spawn(replay_writer::flush_loop(Arc::downgrade(&inner)));
-        // The batchers hold the store weakly: dropping the last PgStore ends them.
-        let weak = Arc::downgrade(&inner);
-        let claims = Batcher::start(MAX_BATCH, in_flight, move |jobs| {
-            let weak = weak.clone();
-            async move {
-                if let Some(inner) = weak.upgrade() {
-                    inner.claim_batch(jobs).await;
-                }
-            }
-        });
-        let weak = Arc::downgrade(&inner);
-        let completions = Batcher::start(MAX_BATCH, in_flight, move |jobs| {
-            let weak = weak.clone();
-            async move {
-                if let Some(inner) = weak.upgrade() {
-                    inner.complete_batch(jobs).await;
-                }
-            }
-        });
-        let batchers = Arc::new(Batchers {
-            claims,
-            completions,
-        });
+        let batchers = Arc::new(Batchers::start(&inner, inner.shared_batch_pools()));
         Ok(PgStore {
             inner,
             batchers,
@@ -237,6 +245,22 @@ impl Store for PgStore {
         resolution: Resolution,
     ) -> Result<Option<Record>, StoreError> {
         self.inner.resolve(scope, key, resolution).await
+    }
+
+    /// Batchers of their own on the caller's runtime, over pools of their own whose
+    /// connections that runtime drives: a serving thread's claims and completions are
+    /// batched, written and answered on that thread, rather than crossing to the runtime
+    /// that connected first and back (issue 33: a third of a new key's gateway CPU was that
+    /// runtime's). Batches group the requests of one thread. Everything else (reads,
+    /// extends, releases, replay counts, maintenance) stays on the store's shared pools.
+    /// Each handle adds up to `2 × batches_in_flight` connections, made on first use.
+    async fn for_this_runtime(&self) -> Result<Self, StoreError> {
+        let pools = self.inner.own_batch_pools()?;
+        Ok(PgStore {
+            inner: self.inner.clone(),
+            batchers: Arc::new(Batchers::start(&self.inner, pools)),
+            warnings: self.warnings.clone(),
+        })
     }
 }
 

@@ -126,7 +126,8 @@ impl Store for AnyStore {
     async fn for_this_runtime(&self) -> Result<Self, StoreError> {
         match self {
             AnyStore::Redis(s) => Ok(AnyStore::Redis(s.for_this_runtime().await?)),
-            AnyStore::Memory(_) | AnyStore::Sqlite(_) | AnyStore::Postgres(_) => Ok(self.clone()),
+            AnyStore::Postgres(s) => Ok(AnyStore::Postgres(s.for_this_runtime().await?)),
+            AnyStore::Memory(_) | AnyStore::Sqlite(_) => Ok(self.clone()),
         }
     }
 }

@@ -186,11 +186,12 @@ pub trait Store: Send + Sync + 'static {
     /// A handle on the same records for callers on the runtime this is awaited on.
     ///
     /// A store whose connection is driven by a task of its own (Redis's multiplexed
-    /// connection) runs that task on the runtime that opened it, so every call from another
-    /// runtime crosses threads twice: there to be written, back to be answered. A caller with
-    /// a runtime per thread (`idem serve`'s serving threads) takes one handle per thread, and
-    /// such a store opens a connection driven by that thread; records, fencing and clock stay
-    /// the store's. Every other store answers a clone. The handle belongs to that runtime:
+    /// connection, PostgreSQL's batchers and their pooled connections) runs that task on the
+    /// runtime that opened it, so every call from another runtime crosses threads twice:
+    /// there to be written, back to be answered. A caller with a runtime per thread
+    /// (`idem serve`'s serving threads) takes one handle per thread, and such a store opens a
+    /// connection (or batchers) driven by that thread; records, fencing and clock stay the
+    /// store's. Every other store answers a clone. The handle belongs to that runtime:
     /// its calls stall while the runtime is not running, and fail once it has shut down.
     fn for_this_runtime(&self) -> impl Future<Output = Result<Self, StoreError>> + Send
     where
