@@ -25,9 +25,9 @@ const SHARDS: usize = 32;
 
 type Id = (Scope, Key);
 
-/// The maps' hasher: keyed at random per process, as std's is (a client chooses the keys), at
-/// a fraction of SipHash's cost on a scope and a key.
-type Hashing = ahash::RandomState;
+/// The maps' hasher (here and in the completed-record cache): keyed at random per process, as
+/// std's is (a client chooses the keys), at a fraction of SipHash's cost on a scope and a key.
+pub(crate) type Hashing = ahash::RandomState;
 
 #[derive(Default)]
 struct Shard {

@@ -20,11 +20,12 @@ use std::hash::{Hash, Hasher};
 use std::sync::Arc;
 use std::time::Duration;
 
-use quick_cache::sync::Cache;
+use quick_cache::sync::{Cache, DefaultLifecycle};
 use quick_cache::{Equivalent, Weighter};
 
 use crate::clock::{Clock, SystemClock};
 use crate::key::Key;
+use crate::memory::Hashing;
 use crate::record::{Record, StoredBody};
 use crate::scope::Scope;
 
@@ -47,7 +48,7 @@ pub struct CompletedCache {
 }
 
 struct Shared {
-    records: Cache<(Scope, Key), Arc<Record>, RecordWeight>,
+    records: Cache<(Scope, Key), Arc<Record>, RecordWeight, Hashing>,
     clock: Arc<dyn Clock>,
     max_bytes: u64,
 }
@@ -79,7 +80,13 @@ impl CompletedCache {
             .max(16);
         CompletedCache {
             shared: Arc::new(Shared {
-                records: Cache::with_weighter(estimated, max_bytes.max(1), RecordWeight),
+                records: Cache::with(
+                    estimated,
+                    max_bytes.max(1),
+                    RecordWeight,
+                    Hashing::new(),
+                    DefaultLifecycle::default(),
+                ),
                 clock,
                 max_bytes,
             }),
