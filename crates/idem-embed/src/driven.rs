@@ -8,8 +8,9 @@
 //! were a quarter of the calling process's CPU (docs/benchmarks.md, issue 33, "the calling
 //! thread makes its own round trips").
 //!
-//! So a store whose connection is driven by the runtime that opened it (a single Redis server;
-//! every other store's `for_this_runtime` answers a clone) is reached through a [`Lent`]
+//! So a store whose connection is driven by the runtime that opened it (a single Redis server
+//! on RESP3; PostgreSQL's handles for other runtimes bring batchers and pools of their own,
+//! too heavy to lend one per blocked thread, so it is not lent) is reached through a [`Lent`]
 //! handle instead: a current-thread runtime and a connection of its own
 //! ([`Store::for_this_runtime`](idem_core::Store::for_this_runtime)), which the calling thread
 //! drives while it blocks on the call. The command is written and answered on that thread.

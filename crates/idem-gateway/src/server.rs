@@ -162,6 +162,9 @@ pub async fn serve_on<St, L, A, C>(
     background.stop().await;
 }
 
+/// What is still under way at the deadline stops with its thread: the request, and on
+/// PostgreSQL the thread's claim and completion batches (`Store::for_this_runtime`). Nothing
+/// runs twice for it; the keys wait out their leases and read as abandoned.
 fn warn_undrained(timeout: Duration) {
     tracing::warn!(
         ?timeout,

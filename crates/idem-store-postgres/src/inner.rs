@@ -7,6 +7,7 @@
 //! leaves (options, replays' tally, sql), so no module cycle runs through it.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use deadpool_postgres::{Manager, ManagerConfig, Object, Pool, RecyclingMethod};
@@ -46,6 +47,9 @@ pub(crate) struct Inner {
     after_commit_config: tokio_postgres::Config,
     /// How many batches of each kind run at once, so how many connections they need.
     pub(crate) batches_in_flight: usize,
+    /// Connections the handles of other runtimes may still open for their own batchers
+    /// ([`Inner::own_batch_pools`]): `pool_size` at connect.
+    own_budget: AtomicUsize,
 }
 
 /// The pools batched claims and batched completions take their connection from.
@@ -135,7 +139,13 @@ impl Inner {
             claim_config,
             after_commit_config,
             batches_in_flight: opts.batches_in_flight.max(1),
+            own_budget: AtomicUsize::new(opts.pool_size),
         })
+    }
+
+    /// The first pool's size, as the options gave it.
+    pub(crate) fn pool_size(&self) -> usize {
+        self.pool.status().max_size
     }
 
     /// The store's own pools, for the batchers started at connect.
@@ -151,8 +161,22 @@ impl Inner {
     /// it, so these connections are driven where the batches run: a serving thread's claims
     /// are written and answered on that thread, not by the runtime that connected first.
     /// Nothing connects until the first batch.
-    pub(crate) fn own_batch_pools(&self) -> Result<BatchPools, StoreError> {
-        Ok(BatchPools {
+    ///
+    /// `None` once the handles' budget (`pool_size` connections in all) is spent: a gateway
+    /// with many serving threads must not open 4 connections per thread past what the
+    /// server allows, so the later handles share the store's batchers, as every handle did
+    /// before they had their own.
+    pub(crate) fn own_batch_pools(&self) -> Result<Option<BatchPools>, StoreError> {
+        let needed = 2 * self.batches_in_flight;
+        let taken = self
+            .own_budget
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |left| {
+                left.checked_sub(needed)
+            });
+        if taken.is_err() {
+            return Ok(None);
+        }
+        Ok(Some(BatchPools {
             claims: new_pool(
                 self.claim_config.clone(),
                 self.batches_in_flight,
@@ -163,7 +187,7 @@ impl Inner {
                 self.batches_in_flight,
                 self.op_timeout,
             )?,
-        })
+        }))
     }
 
     /// Whether statements are unnamed and settings per transaction (a pooler in between).

@@ -28,7 +28,9 @@ mod sql;
 mod store;
 mod transactional;
 
-pub use options::{DEFAULT_SCHEMA, Durability, PgOptions, PgUrlError, Pooler};
+pub use options::{
+    DEFAULT_POOL_SIZE, DEFAULT_SCHEMA, Durability, MAX_POOL_SIZE, PgOptions, PgUrlError, Pooler,
+};
 pub use schema::SCHEMA_VERSION;
 pub use store::PgStore;
 pub use transactional::TxClaim;

@@ -13,7 +13,10 @@ pub struct PgOptions {
     pub config: tokio_postgres::Config,
     /// The schema that holds idem's tables; created if absent. Each test uses its own.
     pub schema: String,
-    /// Connections kept open. A claim holds one for one round trip.
+    /// Connections kept open in the store's first pool (the second, whose commits do not
+    /// wait for the disk, has half as many), and the budget the handles of other runtimes
+    /// take their own batchers' connections from ([`crate::PgStore`]'s `for_this_runtime`).
+    /// A claim holds one for one round trip. `pool_size=N` in the URL.
     pub pool_size: usize,
     /// How many batched claim statements (and, apart, completion statements) run at once.
     /// Fewer means larger batches; two keep one filling while the other commits.
@@ -72,6 +75,9 @@ pub enum Durability {
     Volatile,
 }
 
+/// Connections in the store's first pool unless the URL's `pool_size=` says otherwise.
+pub const DEFAULT_POOL_SIZE: usize = 16;
+
 /// The schema used unless the URL names another.
 pub const DEFAULT_SCHEMA: &str = "idem";
 
@@ -92,12 +98,19 @@ pub enum PgUrlError {
     /// `durability=` is neither `required` nor `volatile`.
     #[error("durability={0} is not required or volatile")]
     Durability(String),
+    /// `pool_size=` is not a whole number from 1 to [`MAX_POOL_SIZE`].
+    #[error("pool_size={0} is not a whole number from 1 to {MAX_POOL_SIZE}")]
+    PoolSize(String),
 }
 
+/// The most connections `pool_size=` may ask for: PostgreSQL's own default
+/// `max_connections` is 100, and a pool larger than the server allows fails under load.
+pub const MAX_POOL_SIZE: usize = 1000;
+
 impl PgOptions {
-    /// Parses `postgres://...`, taking idem's `schema=NAME`, `pooler=none|transaction` and
-    /// `durability=required|volatile` query parameters out before tokio-postgres reads the
-    /// rest.
+    /// Parses `postgres://...`, taking idem's `schema=NAME`, `pooler=none|transaction`,
+    /// `durability=required|volatile` and `pool_size=N` query parameters out before
+    /// tokio-postgres reads the rest.
     pub fn from_url(url: &str) -> Result<Self, PgUrlError> {
         let (rest, pooler) = idem_core::store::take_url_param(url, "pooler");
         let pooler = match pooler.as_deref() {
@@ -111,6 +124,14 @@ impl PgOptions {
             None | Some("required") => Durability::Required,
             Some("volatile") => Durability::Volatile,
             Some(other) => return Err(PgUrlError::Durability(other.to_owned())),
+        };
+        let (rest, pool_size) = idem_core::store::take_url_param(&rest, "pool_size");
+        let pool_size = match pool_size {
+            None => DEFAULT_POOL_SIZE,
+            Some(n) => match n.parse::<usize>() {
+                Ok(n) if (1..=MAX_POOL_SIZE).contains(&n) => n,
+                _ => return Err(PgUrlError::PoolSize(n)),
+            },
         };
         let (rest, schema) = idem_core::store::take_url_param(&rest, "schema");
         let schema = schema.unwrap_or_else(|| DEFAULT_SCHEMA.to_owned());
@@ -126,7 +147,7 @@ impl PgOptions {
         Ok(PgOptions {
             config,
             schema,
-            pool_size: 16,
+            pool_size,
             batches_in_flight: 2,
             clock: None,
             op_timeout: Duration::from_secs(10),
@@ -184,6 +205,18 @@ mod tests {
             PgOptions::from_url("postgres://h/db?durability=maybe"),
             Err(PgUrlError::Durability(_))
         ));
+    }
+
+    #[test]
+    fn pool_size_comes_out_of_the_url() {
+        let o = PgOptions::from_url("postgres://u@h/db?pool_size=40&schema=s").expect("parses");
+        assert_eq!((o.pool_size, o.schema.as_str()), (40, "s"));
+        let o = PgOptions::from_url("postgres://u@h/db").expect("parses");
+        assert_eq!(o.pool_size, DEFAULT_POOL_SIZE);
+        for bad in ["0", "-1", "x", "", "1001", "4.5"] {
+            let e = PgOptions::from_url(&format!("postgres://h/db?pool_size={bad}"));
+            assert!(matches!(e, Err(PgUrlError::PoolSize(_))), "{bad}: {e:?}");
+        }
     }
 
     #[test]

@@ -250,12 +250,20 @@ impl Store for PgStore {
     /// Batchers of their own on the caller's runtime, over pools of their own whose
     /// connections that runtime drives: a serving thread's claims and completions are
     /// batched, written and answered on that thread, rather than crossing to the runtime
-    /// that connected first and back (issue 33: a third of a new key's gateway CPU was that
-    /// runtime's). Batches group the requests of one thread. Everything else (reads,
+    /// that connected first and back (issue 33: that runtime's share was a quarter of a new
+    /// key's gateway CPU). Batches group the requests of one thread. Everything else (reads,
     /// extends, releases, replay counts, maintenance) stays on the store's shared pools.
-    /// Each handle adds up to `2 × batches_in_flight` connections, made on first use.
+    /// Each handle adds up to `2 × batches_in_flight` connections, made on first use, from a
+    /// budget of `pool_size` in all; past it a handle is a clone, on the shared batchers.
     async fn for_this_runtime(&self) -> Result<Self, StoreError> {
-        let pools = self.inner.own_batch_pools()?;
+        let Some(pools) = self.inner.own_batch_pools()? else {
+            tracing::info!(
+                pool_size = self.inner.pool_size(),
+                "this runtime shares the store's batchers: the handles' own connections \
+                 would pass pool_size (raise it with ?pool_size=N)"
+            );
+            return Ok(self.clone());
+        };
         Ok(PgStore {
             inner: self.inner.clone(),
             batchers: Arc::new(Batchers::start(&self.inner, pools)),

@@ -40,6 +40,9 @@ fn a_handle_batches_on_its_own_runtime_and_shares_the_records() {
     let mut opts = PgOptions::from_url(&format!("postgres://postgres@{PG}/test")).expect("url");
     opts.schema = format!("idem_handles_{:016x}", rand::random::<u64>());
     opts.op_timeout = Duration::from_secs(5);
+    // A name of its own, so the server's count of this store's connections is exact.
+    let name = format!("idem-handles-{:08x}", rand::random::<u32>());
+    opts.config.application_name(&name);
     let first = runtime();
     let store = first.block_on(PgStore::connect(opts)).expect("connect");
     let second = runtime();
@@ -91,6 +94,52 @@ fn a_handle_batches_on_its_own_runtime_and_shares_the_records() {
                 assert_eq!(got, expected, "{claim:?}");
             }
         }
+        // The store's shared pool holds the connection that made the schema (the first
+        // runtime's, gone with it) and whatever reads took since; the handle's two pools
+        // hold at most 2 × batches_in_flight (2) however many claims came at once.
+        let rows = handle
+            .pool()
+            .get()
+            .await
+            .expect("a shared connection")
+            .query(
+                "SELECT count(*) FROM pg_stat_activity WHERE application_name = $1",
+                &[&name],
+            )
+            .await
+            .expect("count connections");
+        let connections: i64 = rows[0].get(0);
+        assert!(connections <= 4 + 2, "{connections} connections");
         handle.drop_schema().await.expect("clean up");
     });
+}
+
+/// The handles' own connections come out of a budget of `pool_size`: past it a handle shares
+/// the store's batchers (so it stops with the store's runtime, as a clone does).
+#[test]
+fn handles_past_the_budget_share_the_stores_batchers() {
+    let test = "handles_past_the_budget_share_the_stores_batchers";
+    if !idem_conformance::server_reachable(test, "PostgreSQL", PG) {
+        return;
+    }
+    let mut opts =
+        PgOptions::from_url(&format!("postgres://postgres@{PG}/test?pool_size=4")).expect("url");
+    opts.schema = format!("idem_budget_{:016x}", rand::random::<u64>());
+    opts.op_timeout = Duration::from_secs(5);
+    let first = runtime();
+    let store = first.block_on(PgStore::connect(opts)).expect("connect");
+    // 2 × batches_in_flight (2) = 4: the first handle spends the whole budget.
+    let (second, third) = (runtime(), runtime());
+    let own = second.block_on(store.for_this_runtime()).expect("handle");
+    let shared = third.block_on(store.for_this_runtime()).expect("handle");
+    drop(first);
+    let key = Key::new("budget-k1").expect("key");
+    let claimed = second.block_on(own.claim(request(&key)));
+    assert!(matches!(claimed, Ok(Claim::Acquired(_))), "{claimed:?}");
+    let refused = third.block_on(shared.claim(request(&Key::new("budget-k2").expect("key"))));
+    match refused {
+        Err(e) => assert!(e.to_string().contains("store closed"), "{e}"),
+        Ok(c) => panic!("a handle past the budget runs on the store's batchers, got {c:?}"),
+    }
+    second.block_on(own.drop_schema()).expect("clean up");
 }

@@ -258,7 +258,7 @@ mod tests {
         let pg = "postgres://idem:pw@db:5432/app?schema=idem_gw";
         assert_eq!(ok(pg), Ok(StoreUrl::Postgres(pg.into())));
         let pg = "postgres://idem@db1:5432,db2:5432/app?schema=idem_gw&pooler=transaction\
-                  &durability=volatile&target_session_attrs=read-write";
+                  &durability=volatile&pool_size=32&target_session_attrs=read-write";
         assert_eq!(ok(pg), Ok(StoreUrl::Postgres(pg.into())));
         assert!(
             "postgres://db/app?pooler=statement"
@@ -297,6 +297,7 @@ mod tests {
         assert!(err("sqlite:a.db?mode=ro").contains("unknown option \"mode=ro\""));
         assert!(err("memory:x").contains("takes no path"));
         assert!(err("postgres://h/db?schema=Bad").contains("plain identifier"));
+        assert!(err("postgres://h/db?pool_size=0").contains("pool_size=0 is not a whole number"));
         assert!(err("redis://h?prefix=a:b").contains("prefix"));
     }
 
