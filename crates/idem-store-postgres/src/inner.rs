@@ -53,7 +53,6 @@ pub(crate) struct Inner {
 }
 
 /// The pools batched claims and batched completions take their connection from.
-#[derive(Clone)]
 pub(crate) struct BatchPools {
     pub(crate) claims: Pool,
     pub(crate) completions: Pool,
