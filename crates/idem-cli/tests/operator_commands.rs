@@ -180,7 +180,9 @@ fn resolve_settles_an_abandoned_record_and_refuses_others() {
             );
             assert_eq!(
                 resp.body,
-                idem_core::StoredBody::Full(br#"{"charge_id":"ch_9","settled":true}"#.to_vec())
+                idem_core::StoredBody::Full(
+                    br#"{"charge_id":"ch_9","settled":true}"#.to_vec().into()
+                )
             );
         }
         other => panic!("after resolve: {other:?}"),

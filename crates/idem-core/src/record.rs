@@ -3,6 +3,7 @@
 use std::fmt;
 use std::time::Duration;
 
+use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 
 use crate::clock::Timestamp;
@@ -183,8 +184,9 @@ pub struct StoredResponse {
 /// A stored body.
 #[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum StoredBody {
-    /// The whole body.
-    Full(Vec<u8>),
+    /// The whole body. `Bytes`, so the record, the completed-record cache and every answer
+    /// sent from them share one buffer: cloning a record or replaying it copies no body.
+    Full(Bytes),
     /// Over the size bound: only its length and SHA-256 were kept, and a replay says so.
     Omitted {
         /// Length in bytes.
@@ -215,7 +217,7 @@ pub struct DecodeError(String);
 
 impl StoredResponse {
     /// A response with a full body and no headers.
-    pub fn new(status: u16, body: impl Into<Vec<u8>>) -> Self {
+    pub fn new(status: u16, body: impl Into<Bytes>) -> Self {
         StoredResponse {
             status,
             headers: Vec::new(),
@@ -257,7 +259,7 @@ mod tests {
                 ("content-type".into(), b"application/json".to_vec()),
                 ("x-bin".into(), vec![0xff, 0]),
             ],
-            body: StoredBody::Full(b"{\"id\":\"ch_1\"}".to_vec()),
+            body: StoredBody::Full(Bytes::from_static(b"{\"id\":\"ch_1\"}")),
         };
         assert_eq!(StoredResponse::decode(&r.encode()).ok(), Some(r));
         let big = StoredResponse {
@@ -269,6 +271,37 @@ mod tests {
             },
         };
         assert_eq!(StoredResponse::decode(&big.encode()).ok(), Some(big));
+    }
+
+    /// Rows written while the body was a `Vec<u8>` read back, and new rows are byte for byte
+    /// what that version wrote: postcard writes a sequence of `u8` and a byte string alike.
+    #[test]
+    fn the_encoding_is_the_one_a_vec_body_had() {
+        #[derive(Serialize)]
+        struct Before {
+            status: u16,
+            headers: Vec<(String, Vec<u8>)>,
+            body: BodyBefore,
+        }
+        #[derive(Serialize)]
+        enum BodyBefore {
+            Full(Vec<u8>),
+        }
+        let body: Vec<u8> = (0..=255u8).cycle().take(300).collect();
+        let before = Before {
+            status: 201,
+            headers: vec![("content-type".into(), b"application/json".to_vec())],
+            body: BodyBefore::Full(body.clone()),
+        };
+        let mut written = vec![RESPONSE_FORMAT_V1];
+        written.extend(postcard::to_allocvec(&before).expect("encode"));
+        let now = StoredResponse {
+            status: 201,
+            headers: vec![("content-type".into(), b"application/json".to_vec())],
+            body: StoredBody::Full(body.into()),
+        };
+        assert_eq!(now.encode(), written);
+        assert_eq!(StoredResponse::decode(&written).ok(), Some(now));
     }
 
     #[test]

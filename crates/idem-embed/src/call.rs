@@ -454,7 +454,7 @@ async fn finished(execution: Execution<AnyStore>, report: Report) -> Saved {
         } => Effect::Done(StoredResponse {
             status,
             headers: vec![("content-type".into(), media_type.into_bytes())],
-            body: StoredBody::Full(body),
+            body: StoredBody::Full(body.into()),
         }),
         Report::NotRun => Effect::NotSent,
         Report::Unknown => Effect::Unknown,
@@ -540,7 +540,7 @@ impl Prior {
                     .find(|(n, _)| n.eq_ignore_ascii_case("content-type"))
                     .map(|(_, v)| String::from_utf8_lossy(v).into_owned());
                 match &resp.body {
-                    StoredBody::Full(b) => (Some(resp.status), Some(b.clone()), None, media),
+                    StoredBody::Full(b) => (Some(resp.status), Some(b.to_vec()), None, media),
                     StoredBody::Omitted { len, .. } => (Some(resp.status), None, Some(*len), media),
                 }
             }

@@ -6,6 +6,7 @@
 
 use std::collections::BTreeSet;
 use std::path::PathBuf;
+use std::sync::OnceLock;
 
 use idem_core::{Key, MemoryStore, Scope, Store};
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder};
@@ -18,8 +19,15 @@ fn ops(path: &str) -> String {
 }
 
 /// Every metric name the exporter renders after idem registered its counters and timed a
-/// store call, with a histogram's series names (`_bucket`, `_sum`, `_count`).
+/// store call, with a histogram's series names (`_bucket`, `_sum`, `_count`). Once per
+/// process, as `register_metrics` is meant to be called: it resolves the handles a request's
+/// path counts through, for the process's one recorder.
 fn exported() -> BTreeSet<String> {
+    static EXPORTED: OnceLock<BTreeSet<String>> = OnceLock::new();
+    EXPORTED.get_or_init(render_once).clone()
+}
+
+fn render_once() -> BTreeSet<String> {
     let recorder = PrometheusBuilder::new()
         .set_buckets_for_metric(Matcher::Suffix("_seconds".into()), &[0.001, 0.01, 0.1, 1.0])
         .expect("buckets")

@@ -58,7 +58,8 @@ pub fn to_stored(status: StatusCode, headers: &HeaderMap, body: Bytes) -> Stored
             .filter(|(n, _)| kept(n))
             .map(|(n, v)| (n.as_str().to_owned(), v.as_bytes().to_vec()))
             .collect(),
-        body: StoredBody::Full(body.to_vec()),
+        // Not copied here: the engine's stored form makes the body's one copy (`bounded`).
+        body: StoredBody::Full(body),
     }
 }
 
@@ -68,7 +69,7 @@ pub fn from_stored(stored: &StoredResponse) -> Option<Response<Bytes>> {
     let StoredBody::Full(body) = &stored.body else {
         return None;
     };
-    let mut resp = Response::new(Bytes::copy_from_slice(body));
+    let mut resp = Response::new(body.clone());
     *resp.status_mut() = StatusCode::from_u16(stored.status).unwrap_or(StatusCode::OK);
     append_headers(&mut resp, &stored.headers);
     Some(resp)

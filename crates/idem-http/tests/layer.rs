@@ -461,7 +461,7 @@ async fn the_anonymous_scope_never_replays_set_cookie() {
             StoredResponse {
                 status: 201,
                 headers,
-                body: idem_core::StoredBody::Full(b"{}".to_vec()),
+                body: idem_core::StoredBody::Full(b"{}".to_vec().into()),
             },
         )
         .await

@@ -347,7 +347,7 @@ fn stored(status: u16, body: Vec<u8>) -> StoredResponse {
     StoredResponse {
         status,
         headers: vec![("content-type".into(), b"application/json".to_vec())],
-        body: StoredBody::Full(body),
+        body: StoredBody::Full(body.into()),
     }
 }
 

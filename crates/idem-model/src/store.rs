@@ -42,9 +42,7 @@ pub fn response_of(id: ResultId) -> StoredResponse {
 /// never writes.
 pub fn result_id(resp: &StoredResponse) -> Option<ResultId> {
     match &resp.body {
-        StoredBody::Full(b) => <[u8; 8]>::try_from(b.as_slice())
-            .ok()
-            .map(u64::from_be_bytes),
+        StoredBody::Full(b) => <[u8; 8]>::try_from(&b[..]).ok().map(u64::from_be_bytes),
         StoredBody::Omitted { .. } => None,
     }
 }

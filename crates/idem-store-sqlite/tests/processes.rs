@@ -223,7 +223,7 @@ fn race_once(db: &Path) -> std::collections::BTreeMap<String, usize> {
         let body = rec.response.map(|r| r.body);
         assert_eq!(
             body,
-            Some(StoredBody::Full(pids[0].clone().into_bytes())),
+            Some(StoredBody::Full(pids[0].clone().into_bytes().into())),
             "{k}"
         );
     }

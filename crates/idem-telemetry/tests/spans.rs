@@ -47,7 +47,7 @@ fn ok(status: u16) -> StoredResponse {
     StoredResponse {
         status,
         headers: vec![],
-        body: idem_core::StoredBody::Full(b"{\"charge\":\"ch_1\"}".to_vec()),
+        body: idem_core::StoredBody::Full(b"{\"charge\":\"ch_1\"}".to_vec().into()),
     }
 }
 

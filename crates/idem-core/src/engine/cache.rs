@@ -97,11 +97,7 @@ impl CompletedCache {
     pub fn get(&self, scope: &Scope, key: &Key) -> Option<Arc<Record>> {
         let lookup = Borrowed(scope, key);
         let found = self.shared.records.get(&lookup).filter(|r| self.live(r));
-        if found.is_some() {
-            metrics::counter!("idem_cache_hits_total").increment(1);
-        } else {
-            metrics::counter!("idem_cache_misses_total").increment(1);
-        }
+        crate::outcome::count_cache_lookup(found.is_some());
         found
     }
 
@@ -210,7 +206,7 @@ mod tests {
             response: Some(StoredResponse {
                 status: 201,
                 headers: vec![("content-type".into(), b"application/json".to_vec())],
-                body: StoredBody::Full(vec![b'x'; body]),
+                body: StoredBody::Full(vec![b'x'; body].into()),
             }),
         }
     }

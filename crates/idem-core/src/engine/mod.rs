@@ -28,6 +28,7 @@ use std::pin::pin;
 use std::sync::Arc;
 use std::time::Duration;
 
+use bytes::Bytes;
 use sha2::{Digest, Sha256};
 use tokio::sync::watch;
 use tokio::time::Instant;
@@ -745,17 +746,25 @@ impl<S> Drop for Execution<S> {
 }
 
 /// The response as stored: whole, or status and headers with a digest of an oversized body.
+///
+/// The one copy of the body a result costs: the stored form owns exactly its bytes. The
+/// response's body may be a view into a larger buffer (a connection's read buffer, when a
+/// front end collected the body without copying it), which a record shared for its whole
+/// retention would keep alive. Every clone after this one, into the store's record, the
+/// completed-record cache and each answer sent from them, shares it.
 pub fn bounded(response: &StoredResponse, max_body: usize) -> StoredResponse {
-    match &response.body {
-        StoredBody::Full(b) if b.len() > max_body => StoredResponse {
-            status: response.status,
-            headers: response.headers.clone(),
-            body: StoredBody::Omitted {
-                len: b.len() as u64,
-                sha256: Sha256::digest(b).into(),
-            },
+    let body = match &response.body {
+        StoredBody::Full(b) if b.len() > max_body => StoredBody::Omitted {
+            len: b.len() as u64,
+            sha256: Sha256::digest(b).into(),
         },
-        _ => response.clone(),
+        StoredBody::Full(b) => StoredBody::Full(Bytes::copy_from_slice(b)),
+        omitted @ StoredBody::Omitted { .. } => omitted.clone(),
+    };
+    StoredResponse {
+        status: response.status,
+        headers: response.headers.clone(),
+        body,
     }
 }
 
@@ -1059,7 +1068,7 @@ mod tests {
                 kept: Kept::Stored,
                 ..
             }) => {
-                assert_eq!(response.body, StoredBody::Full(body.clone()));
+                assert_eq!(response.body, StoredBody::Full(body.clone().into()));
             }
             other => panic!("{other:?}"),
         }

@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 
 use crate::clock::Timestamp;
 use crate::key::Key;
+use crate::outcome::StoreOp;
 use crate::record::{FencingToken, Record, StoredResponse};
 use crate::scope::Scope;
 use crate::store::{Claim, ClaimRequest, Resolution, Store, StoreError};
@@ -33,24 +34,23 @@ impl<S> MeteredStore<S> {
 }
 
 async fn timed<T>(
-    op: &'static str,
+    op: StoreOp,
     call: impl Future<Output = Result<T, StoreError>>,
 ) -> Result<T, StoreError> {
     let start = Instant::now();
     let out = call.await;
-    metrics::histogram!("idem_store_call_seconds", "op" => op)
-        .record(start.elapsed().as_secs_f64());
+    op.record_seconds(start.elapsed().as_secs_f64());
     if let Err(e) = &out
         && e.is_unavailable()
     {
-        metrics::counter!("idem_store_errors_total", "op" => op).increment(1);
+        op.count_error();
     }
     out
 }
 
 impl<S: Store> Store for MeteredStore<S> {
     async fn claim(&self, req: ClaimRequest) -> Result<Claim, StoreError> {
-        timed("claim", self.inner.claim(req)).await
+        timed(StoreOp::Claim, self.inner.claim(req)).await
     }
 
     async fn complete(
@@ -60,7 +60,11 @@ impl<S: Store> Store for MeteredStore<S> {
         token: FencingToken,
         response: StoredResponse,
     ) -> Result<Record, StoreError> {
-        timed("complete", self.inner.complete(scope, key, token, response)).await
+        timed(
+            StoreOp::Complete,
+            self.inner.complete(scope, key, token, response),
+        )
+        .await
     }
 
     async fn release(
@@ -69,7 +73,7 @@ impl<S: Store> Store for MeteredStore<S> {
         key: &Key,
         token: FencingToken,
     ) -> Result<(), StoreError> {
-        timed("release", self.inner.release(scope, key, token)).await
+        timed(StoreOp::Release, self.inner.release(scope, key, token)).await
     }
 
     async fn extend(
@@ -79,15 +83,15 @@ impl<S: Store> Store for MeteredStore<S> {
         token: FencingToken,
         lease: Duration,
     ) -> Result<Timestamp, StoreError> {
-        timed("extend", self.inner.extend(scope, key, token, lease)).await
+        timed(StoreOp::Extend, self.inner.extend(scope, key, token, lease)).await
     }
 
     async fn get(&self, scope: &Scope, key: &Key) -> Result<Option<Record>, StoreError> {
-        timed("get", self.inner.get(scope, key)).await
+        timed(StoreOp::Get, self.inner.get(scope, key)).await
     }
 
     async fn purge_expired(&self, limit: usize) -> Result<usize, StoreError> {
-        let n = timed("purge", self.inner.purge_expired(limit)).await?;
+        let n = timed(StoreOp::Purge, self.inner.purge_expired(limit)).await?;
         metrics::counter!("idem_purged_records_total").increment(n as u64);
         Ok(n)
     }
@@ -98,6 +102,6 @@ impl<S: Store> Store for MeteredStore<S> {
         key: &Key,
         resolution: Resolution,
     ) -> Result<Option<Record>, StoreError> {
-        timed("resolve", self.inner.resolve(scope, key, resolution)).await
+        timed(StoreOp::Resolve, self.inner.resolve(scope, key, resolution)).await
     }
 }
