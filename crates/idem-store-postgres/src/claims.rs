@@ -19,7 +19,7 @@ use tokio::sync::oneshot;
 use deadpool_postgres::Pool;
 
 use crate::batch::Job;
-use crate::inner::{Conn, Inner, Lane};
+use crate::inner::{Conn, Inner, Lane, checkout};
 use crate::sql::{now_of, record_of, unavailable, unavailable_because};
 
 /// How many times a claim is run again when a racing writer left its snapshot behind. Each
@@ -213,10 +213,10 @@ impl Inner {
         if jobs.is_empty() {
             return;
         }
-        let client = match pool.get().await {
+        let client = match checkout(pool).await {
             Ok(c) => c,
             Err(e) => {
-                let why = unavailable("connect", e).to_string();
+                let why = e.to_string();
                 for (_, reply) in jobs {
                     let _ = reply.send(Err(unavailable_because("claim", &why)));
                 }
@@ -240,7 +240,7 @@ impl Inner {
             // Key order: concurrent batches lock rows in one order and cannot deadlock.
             group.sort_by(|a, b| (&a.0.scope, &a.0.key).cmp(&(&b.0.scope, &b.0.key)));
             let reqs: Vec<_> = group.iter().map(|(r, t, _)| (r, *t)).collect();
-            let rows = self.claim_rows(&client, &reqs, retry).await;
+            let rows = self.claim_rows(&*client, &reqs, retry).await;
             // A lone claim that waited out the lock timeout is answered now, not run again:
             // its key is held by a transaction, and a second wait would keep this batch's
             // slot from every other key.
@@ -287,7 +287,7 @@ impl Inner {
             if reply.is_closed() {
                 continue;
             }
-            match self.claim_on(&client, &req, token).await {
+            match self.claim_on(&*client, &req, token).await {
                 Ok(answer) => self.answer(&req, answer, reply).await,
                 Err(e) => {
                     let _ = reply.send(Err(e));

@@ -14,7 +14,7 @@ use tokio_postgres::types::Type;
 use deadpool_postgres::Pool;
 
 use crate::batch::Job;
-use crate::inner::{Conn, Inner, Lane};
+use crate::inner::{Conn, Inner, Lane, checkout};
 use crate::sql::{record_of, unavailable, unavailable_because};
 
 /// A completion waiting for its batch.
@@ -101,10 +101,10 @@ impl Inner {
         pool: &Pool,
         jobs: Vec<Job<Completion, Result<Record, StoreError>>>,
     ) {
-        let client = match pool.get().await {
+        let client = match checkout(pool).await {
             Ok(c) => c,
             Err(e) => {
-                let why = unavailable("connect", e).to_string();
+                let why = e.to_string();
                 for (_, reply) in jobs {
                     let _ = reply.send(Err(unavailable_because("complete", &why)));
                 }
@@ -118,7 +118,7 @@ impl Inner {
         // Key order: concurrent batches lock rows in one order and cannot deadlock.
         batch.sort_by(|a, b| (&a.0.scope, &a.0.key).cmp(&(&b.0.scope, &b.0.key)));
         let items: Vec<&Completion> = batch.iter().map(|(c, _)| c).collect();
-        let mut rows = self.complete_rows(&client, &items).await;
+        let mut rows = self.complete_rows(&*client, &items).await;
         let failed = rows.is_err();
         let mut again = Vec::new();
         for (c, reply) in batch {
@@ -133,14 +133,14 @@ impl Inner {
         }
         for (c, reply) in again {
             let done = if failed {
-                self.complete_again(&client, &c).await
+                self.complete_again(&*client, &c).await
             } else {
-                self.complete_on(&client, &c).await
+                self.complete_on(&*client, &c).await
             };
             let _ = reply.send(done);
         }
         for (c, reply) in alone {
-            let _ = reply.send(self.complete_on(&client, &c).await);
+            let _ = reply.send(self.complete_on(&*client, &c).await);
         }
     }
 

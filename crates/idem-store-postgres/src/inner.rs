@@ -6,8 +6,9 @@
 //! writer) add their methods to [`Inner`] and depend on this module; it depends only on the
 //! leaves (options, replays' tally, sql), so no module cycle runs through it.
 
+use std::ops::{Deref, DerefMut};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use deadpool_postgres::{Manager, ManagerConfig, Object, Pool, RecyclingMethod};
@@ -80,6 +81,73 @@ pub(crate) trait Conn: deadpool_postgres::GenericClient + Sync {
     /// Whether statements already run inside a transaction (the caller's, or an
     /// operator's resolution): then they take the transaction's settings.
     fn in_transaction(&self) -> bool;
+}
+
+tokio::task_local! {
+    /// Set by [`Inner::within`] once its operation's time ran out, before the operation is
+    /// dropped: what the operation's [`Checkout`]s read as they are dropped with it.
+    static GAVE_UP: Arc<AtomicBool>;
+}
+
+/// A pooled connection an operation is using. Dropped by an operation whose time ran out
+/// ([`Inner::within`]), it is closed rather than returned to its pool.
+///
+/// A statement that got no answer in time may never get one: the server's host gone without
+/// a word, a NAT or a firewall that forgot the connection. tokio-postgres queues the next
+/// statement behind the unanswered one, so a pool given that connection back would hand it
+/// out again and again, each operation on it timing out, until TCP keepalive gave up on it
+/// hours later; a batcher's batch on it would hold its slot as long. Closed, it is replaced
+/// by a new connection on the next use. Dropped on any other path (an operation that
+/// finished, with or without an error) it goes back to its pool.
+pub(crate) struct Checkout {
+    client: Option<Object>,
+    gave_up: Option<Arc<AtomicBool>>,
+}
+
+impl Checkout {
+    /// `client`, for the operation running in the current [`Inner::within`] (none outside
+    /// one: such a connection always goes back to its pool).
+    fn new(client: Object) -> Self {
+        Checkout {
+            client: Some(client),
+            gave_up: GAVE_UP.try_with(Arc::clone).ok(),
+        }
+    }
+}
+
+impl Deref for Checkout {
+    type Target = Object;
+    fn deref(&self) -> &Object {
+        // Taken only in `drop`.
+        self.client
+            .as_ref()
+            .unwrap_or_else(|| unreachable!("checkout used after drop"))
+    }
+}
+
+impl DerefMut for Checkout {
+    fn deref_mut(&mut self) -> &mut Object {
+        self.client
+            .as_mut()
+            .unwrap_or_else(|| unreachable!("checkout used after drop"))
+    }
+}
+
+impl Drop for Checkout {
+    fn drop(&mut self) {
+        let gave_up = self
+            .gave_up
+            .as_ref()
+            .is_some_and(|g| g.load(Ordering::Acquire));
+        if gave_up && let Some(client) = self.client.take() {
+            tracing::warn!(
+                "closing a PostgreSQL connection whose operation got no answer in time; the next use opens a new one"
+            );
+            // Out of the pool for good; dropping deadpool's wrapper aborts the connection's
+            // task, which closes its socket.
+            drop(Object::take(client));
+        }
+    }
 }
 
 impl Conn for Object {
@@ -282,28 +350,70 @@ impl Inner {
         self.clock.as_ref().map(|c| c.now().as_millis())
     }
 
-    pub(crate) async fn client(&self) -> Result<Object, StoreError> {
-        self.pool.get().await.map_err(|e| unavailable("connect", e))
+    pub(crate) async fn client(&self) -> Result<Checkout, StoreError> {
+        checkout(&self.pool).await
     }
 
-    pub(crate) async fn after_commit_client(&self) -> Result<Object, StoreError> {
-        self.after_commit
-            .get()
-            .await
-            .map_err(|e| unavailable("connect", e))
+    pub(crate) async fn after_commit_client(&self) -> Result<Checkout, StoreError> {
+        checkout(&self.after_commit).await
     }
 
-    /// Runs `op` within the operation timeout; past it the store is unavailable.
-    pub(crate) async fn bounded<T>(
+    /// Runs `op`, which takes its connections from the pools, within the operation
+    /// timeout; past it the store is unavailable and those connections are closed.
+    pub(crate) fn bounded<'a, T: 'a>(
         &self,
-        op: impl Future<Output = Result<T, StoreError>>,
+        op: impl Future<Output = Result<T, StoreError>> + Send + 'a,
+    ) -> impl Future<Output = Result<T, StoreError>> + Send + 'a {
+        self.within(self.op_timeout, op)
+    }
+
+    /// Waits for an answer from a batcher within the operation timeout; past it the store is
+    /// unavailable. The batch holds the connection, under its own bound
+    /// ([`Inner::batch_bound`]).
+    pub(crate) async fn answered<T>(
+        &self,
+        answer: impl Future<Output = Result<T, StoreError>>,
     ) -> Result<T, StoreError> {
-        match tokio::time::timeout(self.op_timeout, op).await {
+        match tokio::time::timeout(self.op_timeout, answer).await {
             Ok(r) => r,
-            Err(_) => Err(unavailable_because(
-                "timed out",
-                format!("no answer within {:?}", self.op_timeout),
-            )),
+            Err(_) => Err(timed_out(self.op_timeout)),
+        }
+    }
+
+    /// How long a batch of claims or completions may run: past the server's own bound on a
+    /// statement (`statement_timeout`, twice the operation timeout), with room for the
+    /// batch's other statements. No caller waits that long (each gives up at the operation
+    /// timeout); a batch still unanswered then is on a connection that will not answer, and
+    /// would hold its batcher's slot, so every later batch of the lane queued behind it.
+    pub(crate) fn batch_bound(&self) -> Duration {
+        self.op_timeout.saturating_mul(3)
+    }
+
+    /// Runs `op` for at most `limit`; past it the store is unavailable, `op` is dropped and
+    /// the connections it held are closed, not pooled ([`Checkout`]).
+    ///
+    /// `op` is boxed once, here: a batch's future is kilobytes, and the task-local scope and
+    /// the race with the timer would otherwise each move it again (callgrind: ~30,000
+    /// instructions of `memcpy` per PostgreSQL new key).
+    pub(crate) fn within<'a, T: 'a>(
+        &self,
+        limit: Duration,
+        op: impl Future<Output = Result<T, StoreError>> + Send + 'a,
+    ) -> impl Future<Output = Result<T, StoreError>> + Send + 'a {
+        let gave_up = Arc::new(AtomicBool::new(false));
+        let op = GAVE_UP.scope(gave_up.clone(), Box::pin(op));
+        async move {
+            let mut op = std::pin::pin!(op);
+            tokio::select! {
+                biased;
+                answered = &mut op => answered,
+                () = tokio::time::sleep(limit) => {
+                    // Before `op` is dropped (at the end of this block), so its checkouts
+                    // see it.
+                    gave_up.store(true, Ordering::Release);
+                    Err(timed_out(limit))
+                }
+            }
         }
     }
 
@@ -413,6 +523,18 @@ impl Settings {
             .collect();
         format!("BEGIN; SELECT {}", sets.join(", "))
     }
+}
+
+fn timed_out(limit: Duration) -> StoreError {
+    unavailable_because("timed out", format!("no answer within {limit:?}"))
+}
+
+/// A connection from `pool`, for the operation under way (see [`Checkout`]).
+pub(crate) async fn checkout(pool: &Pool) -> Result<Checkout, StoreError> {
+    pool.get()
+        .await
+        .map(Checkout::new)
+        .map_err(|e| unavailable("connect", e))
 }
 
 fn new_pool(

@@ -24,7 +24,7 @@ impl Inner {
             let client = self.after_commit_client().await?;
             let n = self
                 .execute(
-                    &client,
+                    &*client,
                     Lane::AfterCommit,
                     &self.sql.release,
                     &[
@@ -38,7 +38,7 @@ impl Inner {
             if n == 1 {
                 Ok(())
             } else {
-                Err(self.refusal(&client, scope, key, token).await)
+                Err(self.refusal(&*client, scope, key, token).await)
             }
         })
         .await
@@ -55,7 +55,7 @@ impl Inner {
             let client = self.after_commit_client().await?;
             let rows = self
                 .query(
-                    &client,
+                    &*client,
                     Lane::AfterCommit,
                     &self.sql.extend,
                     &[
@@ -73,7 +73,7 @@ impl Inner {
                     .try_get::<_, i64>(0)
                     .map(Timestamp::from_millis)
                     .map_err(|e| unavailable("extend", e)),
-                None => Err(self.refusal(&client, scope, key, token).await),
+                None => Err(self.refusal(&*client, scope, key, token).await),
             }
         })
         .await

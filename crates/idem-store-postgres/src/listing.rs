@@ -21,7 +21,7 @@ impl Inner {
                 let client = inner.client().await?;
                 let rows = inner
                     .query(
-                        &client,
+                        &*client,
                         Lane::Read,
                         &inner.sql.list,
                         &[

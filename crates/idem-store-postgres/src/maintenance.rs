@@ -18,7 +18,7 @@ impl Inner {
             let client = self.after_commit_client().await?;
             let n = self
                 .execute(
-                    &client,
+                    &*client,
                     Lane::AfterCommit,
                     &self.sql.purge,
                     &[(&self.now(), Type::INT8), (&limit, Type::INT8)],

@@ -29,7 +29,7 @@ pub(crate) async fn flush_loop(store: Weak<Inner>) {
                 use tokio_postgres::types::Type;
                 inner
                     .execute(
-                        &client,
+                        &*client,
                         crate::inner::Lane::AfterCommit,
                         &inner.sql.count_replays,
                         &[

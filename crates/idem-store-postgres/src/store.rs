@@ -56,7 +56,15 @@ impl Batchers {
             let (weak, pool) = (weak.clone(), claims_pool.clone());
             async move {
                 if let Some(inner) = weak.upgrade() {
-                    inner.claim_batch(&pool, jobs).await;
+                    // Past the bound its callers are gone and its connection is closed;
+                    // the jobs' answers are dropped with it.
+                    let batch = async {
+                        inner.claim_batch(&pool, jobs).await;
+                        Ok(())
+                    };
+                    if let Err(e) = inner.within(inner.batch_bound(), batch).await {
+                        tracing::warn!(error = %e, "a batch got no answer in time; its connection is closed");
+                    }
                 }
             }
         });
@@ -65,7 +73,15 @@ impl Batchers {
             let (weak, pool) = (weak.clone(), completions_pool.clone());
             async move {
                 if let Some(inner) = weak.upgrade() {
-                    inner.complete_batch(&pool, jobs).await;
+                    // Past the bound its callers are gone and its connection is closed;
+                    // the jobs' answers are dropped with it.
+                    let batch = async {
+                        inner.complete_batch(&pool, jobs).await;
+                        Ok(())
+                    };
+                    if let Err(e) = inner.within(inner.batch_bound(), batch).await {
+                        tracing::warn!(error = %e, "a batch got no answer in time; its connection is closed");
+                    }
                 }
             }
         });
@@ -170,7 +186,7 @@ impl PgStore {
 impl Store for PgStore {
     async fn claim(&self, req: ClaimRequest) -> Result<Claim, StoreError> {
         self.inner
-            .bounded(async {
+            .answered(async {
                 self.batchers
                     .claims
                     .submit((req, FencingToken::random()))
@@ -194,7 +210,7 @@ impl Store for PgStore {
             response: response.encode(),
         };
         self.inner
-            .bounded(async {
+            .answered(async {
                 self.batchers
                     .completions
                     .submit(job)
@@ -228,7 +244,7 @@ impl Store for PgStore {
         inner
             .bounded(async {
                 let client = inner.client().await?;
-                let (now, existing) = inner.read_on(&client, &inner.sql.get, scope, key).await?;
+                let (now, existing) = inner.read_on(&*client, &inner.sql.get, scope, key).await?;
                 Ok(machine::read(existing, now))
             })
             .await

@@ -166,7 +166,8 @@ async fn flushes(store: &PgStore, watcher: &tokio_postgres::Client, n: usize) ->
 /// in the connection: on a server whose default is `off` (a private one), each claim's WAL
 /// is flushed by the time it answers, while completions, which may commit without waiting,
 /// are not, nor are plain commits on the same server (the control). The direct path
-/// (settings as startup options) likewise.
+/// (settings as startup options) likewise, and both again through a runtime handle's
+/// batchers, whose pools are their own.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_pooled_claim_is_flushed_whatever_the_servers_default() {
     use idem_conformance::pgcluster::{Cluster, Replication};
@@ -202,30 +203,45 @@ async fn a_pooled_claim_is_flushed_whatever_the_servers_default() {
         control += usize::from(flushed(&watcher).await);
     }
     for route in ["pooler=transaction", "pooler=none"] {
-        let store = ok(PgStore::connect(options(&format!(
-            "postgres://postgres@127.0.0.1:{}/postgres?{route}",
-            cluster.primary
-        )))
-        .await);
-        let (claims, completions) = flushes(&store, &watcher, N).await;
-        eprintln!(
-            "{route}: flushed when answered, of {N}: plain commits {control}, claims {claims}, \
-             completions {completions}"
-        );
-        // The background writer logs a snapshot of running transactions every 15 s without
-        // flushing it (wal_level replica): one check in a run may see that record unflushed.
-        assert!(
-            claims + 2 >= N,
-            "{route}: {claims} of {N} claims flushed when acknowledged"
-        );
-        assert!(
-            control < N / 2,
-            "the control was flushed {control} times: the default is not off"
-        );
-        assert!(
-            completions < N / 2,
-            "{route}: {N} completions were flushed {completions} times"
-        );
+        // The store's own batchers, then a runtime handle's (`Store::for_this_runtime`, a
+        // serving thread's in `idem serve`), which batch over pools of their own.
+        for through_handle in [false, true] {
+            let store = ok(PgStore::connect(options(&format!(
+                "postgres://postgres@127.0.0.1:{}/postgres?{route}",
+                cluster.primary
+            )))
+            .await);
+            let store = if through_handle {
+                ok(store.for_this_runtime().await)
+            } else {
+                store
+            };
+            let (claims, completions) = flushes(&store, &watcher, N).await;
+            let path = if through_handle {
+                "a runtime handle"
+            } else {
+                "the store"
+            };
+            eprintln!(
+                "{route}, {path}: flushed when answered, of {N}: plain commits {control}, \
+                 claims {claims}, completions {completions}"
+            );
+            // The background writer logs a snapshot of running transactions every 15 s
+            // without flushing it (wal_level replica): one check in a run may see that record
+            // unflushed.
+            assert!(
+                claims + 2 >= N,
+                "{route}, {path}: {claims} of {N} claims flushed when acknowledged"
+            );
+            assert!(
+                control < N / 2,
+                "the control was flushed {control} times: the default is not off"
+            );
+            assert!(
+                completions < N / 2,
+                "{route}, {path}: {N} completions were flushed {completions} times"
+            );
+        }
     }
     drop(client);
 }
