@@ -58,7 +58,11 @@ pub fn register_metrics() {
     ] {
         metrics::counter!(name).absolute(0);
     }
-    let _ = METERS.set(Meters::resolve());
+    if METERS.set(Meters::resolve()).is_err() {
+        tracing::warn!(
+            "register_metrics called again: the handles resolved the first time stay in use"
+        );
+    }
 }
 
 /// The metrics a keyed request's path records, resolved to handles once by

@@ -7,8 +7,10 @@
 //! leaves (options, replays' tally, sql), so no module cycle runs through it.
 
 use std::ops::{Deref, DerefMut};
+use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use deadpool_postgres::{Manager, ManagerConfig, Object, Pool, RecyclingMethod};
@@ -84,13 +86,59 @@ pub(crate) trait Conn: deadpool_postgres::GenericClient + Sync {
 }
 
 tokio::task_local! {
-    /// Set by [`Inner::within`] once its operation's time ran out, before the operation is
-    /// dropped: what the operation's [`Checkout`]s read as they are dropped with it.
-    static GAVE_UP: Arc<AtomicBool>;
+    /// The operation [`Inner::within`] is running, whose [`Checkout`]s read at their drop
+    /// whether it gave up.
+    static GAVE_UP: Arc<GaveUp>;
 }
 
-/// A pooled connection an operation is using. Dropped by an operation whose time ran out
-/// ([`Inner::within`]), it is closed rather than returned to its pool.
+/// Whether an operation gave up before it finished: its time ran out, or whoever awaited it
+/// dropped it (a client gone, a heartbeat stopped). Set before the operation is dropped.
+/// An operation inside another (a release inside a batch of claims) gave up when either did.
+struct GaveUp {
+    flag: AtomicBool,
+    outer: Option<Arc<GaveUp>>,
+}
+
+impl GaveUp {
+    fn set(&self) {
+        self.flag.store(true, Ordering::Release);
+    }
+
+    fn is_set(&self) -> bool {
+        self.flag.load(Ordering::Acquire) || self.outer.as_ref().is_some_and(|o| o.is_set())
+    }
+}
+
+/// Sets [`GaveUp`] when the operation is dropped unfinished, before the operation's own
+/// fields (and so its checkouts) are dropped.
+struct Abandoned<F> {
+    op: Pin<Box<F>>,
+    gave_up: Arc<GaveUp>,
+    finished: bool,
+}
+
+impl<F: Future> Future for Abandoned<F> {
+    type Output = F::Output;
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
+        let answered = self.op.as_mut().poll(cx);
+        if answered.is_ready() {
+            self.finished = true;
+        }
+        answered
+    }
+}
+
+impl<F> Drop for Abandoned<F> {
+    fn drop(&mut self) {
+        if !self.finished {
+            self.gave_up.set();
+        }
+    }
+}
+
+/// A pooled connection an operation is using. Dropped by an operation that gave up (its
+/// time ran out in [`Inner::within`], or it was dropped unfinished), it is closed rather than
+/// returned to its pool.
 ///
 /// A statement that got no answer in time may never get one: the server's host gone without
 /// a word, a NAT or a firewall that forgot the connection. tokio-postgres queues the next
@@ -101,7 +149,7 @@ tokio::task_local! {
 /// finished, with or without an error) it goes back to its pool.
 pub(crate) struct Checkout {
     client: Option<Object>,
-    gave_up: Option<Arc<AtomicBool>>,
+    gave_up: Option<Arc<GaveUp>>,
 }
 
 impl Checkout {
@@ -135,10 +183,7 @@ impl DerefMut for Checkout {
 
 impl Drop for Checkout {
     fn drop(&mut self) {
-        let gave_up = self
-            .gave_up
-            .as_ref()
-            .is_some_and(|g| g.load(Ordering::Acquire));
+        let gave_up = self.gave_up.as_ref().is_some_and(|g| g.is_set());
         if gave_up && let Some(client) = self.client.take() {
             tracing::warn!(
                 "closing a PostgreSQL connection whose operation got no answer in time; the next use opens a new one"
@@ -380,17 +425,20 @@ impl Inner {
         }
     }
 
-    /// How long a batch of claims or completions may run: past the server's own bound on a
-    /// statement (`statement_timeout`, twice the operation timeout), with room for the
-    /// batch's other statements. No caller waits that long (each gives up at the operation
-    /// timeout); a batch still unanswered then is on a connection that will not answer, and
-    /// would hold its batcher's slot, so every later batch of the lane queued behind it.
+    /// How long a batch of claims or completions may run: a connection's wait and its making
+    /// (up to the operation timeout each), then past the server's own bound on a statement
+    /// (`statement_timeout`, twice the operation timeout). No caller waits that long (each
+    /// gives up at the operation timeout), and a healthy server has answered or failed the
+    /// batch by then, so it has released the claims whose callers left; a batch still
+    /// unanswered is on a connection that will not answer, and would hold its batcher's
+    /// slot, so every later batch of the lane queued behind it.
     pub(crate) fn batch_bound(&self) -> Duration {
-        self.op_timeout.saturating_mul(3)
+        self.op_timeout.saturating_mul(5)
     }
 
     /// Runs `op` for at most `limit`; past it the store is unavailable, `op` is dropped and
-    /// the connections it held are closed, not pooled ([`Checkout`]).
+    /// the connections it held are closed, not pooled ([`Checkout`]); so are they when the
+    /// returned future is dropped before `op` finished.
     ///
     /// `op` is boxed once, here: a batch's future is kilobytes, and the task-local scope and
     /// the race with the timer would otherwise each move it again (callgrind: ~30,000
@@ -400,9 +448,13 @@ impl Inner {
         limit: Duration,
         op: impl Future<Output = Result<T, StoreError>> + Send + 'a,
     ) -> impl Future<Output = Result<T, StoreError>> + Send + 'a {
-        let gave_up = Arc::new(AtomicBool::new(false));
+        let gave_up = Arc::new(GaveUp {
+            flag: AtomicBool::new(false),
+            outer: GAVE_UP.try_with(Arc::clone).ok(),
+        });
         let op = GAVE_UP.scope(gave_up.clone(), Box::pin(op));
-        async move {
+        let timed = gave_up.clone();
+        let raced = async move {
             let mut op = std::pin::pin!(op);
             tokio::select! {
                 biased;
@@ -410,10 +462,15 @@ impl Inner {
                 () = tokio::time::sleep(limit) => {
                     // Before `op` is dropped (at the end of this block), so its checkouts
                     // see it.
-                    gave_up.store(true, Ordering::Release);
+                    timed.set();
                     Err(timed_out(limit))
                 }
             }
+        };
+        Abandoned {
+            op: Box::pin(raced),
+            gave_up,
+            finished: false,
         }
     }
 

@@ -5,8 +5,9 @@
 //! the store recovers on new connections by the batch bound: the connections whose
 //! operations got no answer are closed, not pooled, and a batch on one gives its batcher's
 //! slot back. Without that, TCP keepalive would give up on them hours later. The server is
-//! reached through a relay in this process that can silence what it carries. Real server; a
-//! schema of its own. Skips without PostgreSQL unless IDEM_REQUIRE_SERVICES=1.
+//! reached through a relay in this process that can silence what it carries. A read its
+//! caller dropped while silent closes its connection too. Real server; a schema of its
+//! own. Skips without PostgreSQL unless IDEM_REQUIRE_SERVICES=1.
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -123,21 +124,34 @@ async fn run_once(store: &PgStore, key: &str) -> Result<bool, StoreError> {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_store_whose_connections_went_silent_fails_closed_then_recovers_on_new_ones() {
-    let test = "a_store_whose_connections_went_silent_fails_closed_then_recovers_on_new_ones";
+/// A store of its own schema, reached through a new relay, with the operation timeout
+/// [`OP_TIMEOUT`] and what `tune` sets; `None` (the test skips) without PostgreSQL.
+async fn through_a_relay(
+    test: &str,
+    tune: impl FnOnce(&mut PgOptions),
+) -> Option<(Relay, PgStore)> {
     if !idem_conformance::server_reachable(test, "PostgreSQL", PG) {
-        return;
+        return None;
     }
     let relay = Relay::start(PG.parse().expect("address")).await;
     let mut opts =
         PgOptions::from_url(&format!("postgres://postgres@{}/test", relay.addr)).expect("url");
     opts.schema = format!("idem_silent_{:016x}", rand::random::<u64>());
     opts.op_timeout = OP_TIMEOUT;
+    tune(&mut opts);
+    let store = PgStore::connect(opts).await.expect("connect");
+    Some((relay, store))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_store_whose_connections_went_silent_fails_closed_then_recovers_on_new_ones() {
+    let test = "a_store_whose_connections_went_silent_fails_closed_then_recovers_on_new_ones";
     // One batch at a time per lane, so one batch on a silent connection holds its lane
     // whole (with two, as by default, two such batches would).
-    opts.batches_in_flight = 1;
-    let store = PgStore::connect(opts).await.expect("connect");
+    let Some((relay, store)) = through_a_relay(test, |opts| opts.batches_in_flight = 1).await
+    else {
+        return;
+    };
     // Every pool has a connection open: the shared one (a read), and both batchers'.
     assert!(run_once(&store, "before").await.expect("before"));
     assert!(
@@ -149,8 +163,8 @@ async fn a_store_whose_connections_went_silent_fails_closed_then_recovers_on_new
     );
 
     relay.silence();
-    // Claims fill both of the claim batcher's slots with batches that get no answer; a read
-    // waits on its silent connection. Each fails closed at the operation timeout.
+    // A claim's batch holds the claim batcher's one slot on its silent connection; a read
+    // waits on its own. Each fails closed at the operation timeout.
     let started = Instant::now();
     let during = futures_join(&store).await;
     for (what, r) in &during {
@@ -160,7 +174,7 @@ async fn a_store_whose_connections_went_silent_fails_closed_then_recovers_on_new
         );
     }
     assert!(
-        started.elapsed() < OP_TIMEOUT * 4,
+        started.elapsed() < OP_TIMEOUT * 6,
         "failing closed took {:?}",
         started.elapsed()
     );
@@ -174,9 +188,9 @@ async fn a_store_whose_connections_went_silent_fails_closed_then_recovers_on_new
     }
 
     relay.heal();
-    // New connections work: the store must be back by the batch bound (three operation
+    // New connections work: the store must be back by the batch bound (five operation
     // timeouts), not when TCP keepalive gives up on the silent ones.
-    let deadline = Instant::now() + OP_TIMEOUT * 3 + Duration::from_secs(10);
+    let deadline = Instant::now() + OP_TIMEOUT * 5 + Duration::from_secs(10);
     let recovered = loop {
         let answer = run_once(&store, &format!("after-{}", rand::random::<u32>())).await;
         if matches!(answer, Ok(true)) {
@@ -202,7 +216,40 @@ async fn a_store_whose_connections_went_silent_fails_closed_then_recovers_on_new
     store.drop_schema().await.expect("drop schema");
 }
 
-/// Two claims, a completion's worth of load and a read at once, while the relay is silent.
+/// A read whose caller leaves first (a client gone, a deadline of its own) while its
+/// connection is silent: the connection is closed as the read is dropped, not returned to
+/// the pool, where the next read would find it and wait out its own operation timeout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_read_dropped_by_its_caller_on_a_silent_connection_does_not_pool_it() {
+    let test = "a_read_dropped_by_its_caller_on_a_silent_connection_does_not_pool_it";
+    let Some((relay, store)) = through_a_relay(test, |_| {}).await else {
+        return;
+    };
+    let (scope, key) = (Scope::anonymous(), Key::new("before").expect("key"));
+    assert!(run_once(&store, "before").await.expect("before"));
+    // The shared pool's one open connection, idle again after this read.
+    assert!(store.get(&scope, &key).await.expect("read").is_some());
+
+    relay.silence();
+    let left = tokio::time::timeout(OP_TIMEOUT / 5, store.get(&scope, &key)).await;
+    assert!(left.is_err(), "the caller was to leave first: {left:?}");
+    relay.heal();
+
+    let started = Instant::now();
+    let read = store.get(&scope, &key).await;
+    assert!(
+        matches!(&read, Ok(Some(_))),
+        "the next read, on a new connection: {read:?}"
+    );
+    assert!(
+        started.elapsed() < OP_TIMEOUT,
+        "the next read waited {:?}: it was handed the silent connection",
+        started.elapsed()
+    );
+    store.drop_schema().await.expect("drop schema");
+}
+
+/// Two claims and a read at once, while the relay is silent.
 async fn futures_join(store: &PgStore) -> Vec<(&'static str, Result<(), StoreError>)> {
     let (scope, key) = (Scope::anonymous(), Key::new("before").expect("key"));
     let (a, b, c) = tokio::join!(
