@@ -143,8 +143,8 @@ impl<F> Drop for Abandoned<F> {
 /// A statement that got no answer in time may never get one: the server's host gone without
 /// a word, a NAT or a firewall that forgot the connection. tokio-postgres queues the next
 /// statement behind the unanswered one, so a pool given that connection back would hand it
-/// out again and again, each operation on it timing out, until TCP keepalive gave up on it
-/// hours later; a batcher's batch on it would hold its slot as long. Closed, it is replaced
+/// out again and again, each operation on it timing out, until TCP gave up on it, minutes
+/// to hours later; a batcher's batch on it would hold its slot as long. Closed, it is replaced
 /// by a new connection on the next use. Dropped on any other path (an operation that
 /// finished, with or without an error) it goes back to its pool.
 pub(crate) struct Checkout {

@@ -29,7 +29,8 @@ mod store;
 mod transactional;
 
 pub use options::{
-    DEFAULT_POOL_SIZE, DEFAULT_SCHEMA, Durability, MAX_POOL_SIZE, PgOptions, PgUrlError, Pooler,
+    DEFAULT_POOL_SIZE, DEFAULT_SCHEMA, Durability, KEEPALIVE_IDLE, KEEPALIVE_INTERVAL,
+    KEEPALIVE_RETRIES, MAX_POOL_SIZE, PgOptions, PgUrlError, Pooler,
 };
 pub use schema::SCHEMA_VERSION;
 pub use store::PgStore;

@@ -142,7 +142,9 @@ impl PgOptions {
         if config.get_connect_timeout().is_none() {
             config.connect_timeout(Duration::from_secs(5));
         }
-        config.keepalives(true);
+        keep_alive(&mut config, |name| {
+            idem_core::store::take_url_param(&rest, name).1.is_some()
+        });
         config.application_name("idem");
         Ok(PgOptions {
             config,
@@ -156,6 +158,36 @@ impl PgOptions {
         })
     }
 }
+
+/// TCP keepalive on every connection, probing sooner than the kernel's two idle hours
+/// (tokio-postgres's default): a pooled connection that went silent while idle (its peer
+/// gone without a word, a NAT or a firewall that forgot it) is found dead within
+/// [`KEEPALIVE_IDLE`] plus [`KEEPALIVE_RETRIES`] probes [`KEEPALIVE_INTERVAL`] apart, and
+/// the pool drops it before handing it out, rather than the next operation on it waiting
+/// out its bound. What the URL names (`keepalives`, `keepalives_idle`,
+/// `keepalives_interval`, `keepalives_retries`) is kept as it says.
+fn keep_alive(config: &mut tokio_postgres::Config, named: impl Fn(&str) -> bool) {
+    if !named("keepalives") {
+        config.keepalives(true);
+    }
+    if !named("keepalives_idle") {
+        config.keepalives_idle(KEEPALIVE_IDLE);
+    }
+    if !named("keepalives_interval") {
+        config.keepalives_interval(KEEPALIVE_INTERVAL);
+    }
+    if !named("keepalives_retries") {
+        config.keepalives_retries(KEEPALIVE_RETRIES);
+    }
+}
+
+/// Idle time before a connection's first keepalive probe, unless the URL says otherwise.
+pub const KEEPALIVE_IDLE: Duration = Duration::from_secs(30);
+/// Time between keepalive probes, unless the URL says otherwise.
+pub const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(10);
+/// Unanswered probes after which the kernel drops a connection, unless the URL says
+/// otherwise: a silent idle connection is gone within a minute.
+pub const KEEPALIVE_RETRIES: u32 = 3;
 
 /// A lower-case SQL identifier that needs no quoting rules beyond double quotes.
 pub(crate) fn is_identifier(s: &str) -> bool {
@@ -205,6 +237,29 @@ mod tests {
             PgOptions::from_url("postgres://h/db?durability=maybe"),
             Err(PgUrlError::Durability(_))
         ));
+    }
+
+    #[test]
+    fn keepalive_probes_within_a_minute_unless_the_url_says_otherwise() {
+        let c = PgOptions::from_url("postgres://u@h/db")
+            .expect("url")
+            .config;
+        assert!(c.get_keepalives());
+        assert_eq!(c.get_keepalives_idle(), KEEPALIVE_IDLE);
+        assert_eq!(c.get_keepalives_interval(), Some(KEEPALIVE_INTERVAL));
+        assert_eq!(c.get_keepalives_retries(), Some(KEEPALIVE_RETRIES));
+        let c = PgOptions::from_url(
+            "postgres://u@h/db?keepalives_idle=7200&keepalives_interval=75&keepalives_retries=9&schema=s",
+        )
+        .expect("url")
+        .config;
+        assert_eq!(c.get_keepalives_idle(), Duration::from_secs(7200));
+        assert_eq!(c.get_keepalives_interval(), Some(Duration::from_secs(75)));
+        assert_eq!(c.get_keepalives_retries(), Some(9));
+        let c = PgOptions::from_url("postgres://u@h/db?keepalives=0")
+            .expect("url")
+            .config;
+        assert!(!c.get_keepalives());
     }
 
     #[test]
