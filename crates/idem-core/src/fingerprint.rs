@@ -6,6 +6,7 @@
 //! `key-reused`). Each part is length-prefixed and the whole is domain-separated, so no two
 //! different requests can be made to hash the same bytes by shifting text between parts.
 
+use std::borrow::Cow;
 use std::fmt;
 
 use sha2::{Digest, Sha256};
@@ -207,14 +208,15 @@ pub fn is_json_media_type(content_type: &str) -> bool {
 }
 
 /// A media type's essence: `type/subtype` in lower case, without parameters or spaces
-/// (`Application/JSON; charset=utf-8` is `application/json`).
-pub fn media_essence(content_type: &str) -> String {
-    content_type
-        .split(';')
-        .next()
-        .unwrap_or("")
-        .trim()
-        .to_ascii_lowercase()
+/// (`Application/JSON; charset=utf-8` is `application/json`). Borrowed when already in lower
+/// case, as nearly every one is: two fewer allocations per keyed request.
+pub fn media_essence(content_type: &str) -> Cow<'_, str> {
+    let essence = content_type.split(';').next().unwrap_or("").trim();
+    if essence.bytes().any(|b| b.is_ascii_uppercase()) {
+        Cow::Owned(essence.to_ascii_lowercase())
+    } else {
+        Cow::Borrowed(essence)
+    }
 }
 
 impl fmt::Display for Fingerprint {
@@ -460,6 +462,11 @@ mod tests {
             patch,
             fp(Some("Application/JSON-Patch+JSON; charset=utf-8"), body)
         );
+        assert!(matches!(
+            media_essence(" application/json-patch+json ; q=1"),
+            Cow::Borrowed("application/json-patch+json")
+        ));
+        assert_eq!(media_essence("Text/Plain;charset=UTF-8"), "text/plain");
         let form = fp(Some("application/x-www-form-urlencoded"), b"amount=1");
         assert_ne!(form, fp(Some("text/plain"), b"amount=1"));
         assert_ne!(form, fp(None, b"amount=1"));
