@@ -43,6 +43,13 @@ pub const STORE_OPS: [StoreOp; 7] = [
 /// (rather than looking each metric up by name and labels on every use). Call it once, after
 /// installing the global recorder.
 pub fn register_metrics() {
+    if METERS.get().is_some() {
+        // Zeroing again would reset counts already made (a loss counted, then erased).
+        tracing::warn!(
+            "register_metrics called again: the counters and the handles of the first call stay"
+        );
+        return;
+    }
     for outcome in ALL {
         metrics::counter!("idem_requests_total", "outcome" => outcome.as_str()).absolute(0);
     }
@@ -58,11 +65,8 @@ pub fn register_metrics() {
     ] {
         metrics::counter!(name).absolute(0);
     }
-    if METERS.set(Meters::resolve()).is_err() {
-        tracing::warn!(
-            "register_metrics called again: the handles resolved the first time stay in use"
-        );
-    }
+    // A second caller racing the first resolves the same handles; either set stands.
+    let _ = METERS.set(Meters::resolve());
 }
 
 /// The metrics a keyed request's path records, resolved to handles once by

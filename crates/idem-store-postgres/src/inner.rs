@@ -186,7 +186,7 @@ impl Drop for Checkout {
         let gave_up = self.gave_up.as_ref().is_some_and(|g| g.is_set());
         if gave_up && let Some(client) = self.client.take() {
             tracing::warn!(
-                "closing a PostgreSQL connection whose operation got no answer in time; the next use opens a new one"
+                "closing a PostgreSQL connection whose operation gave up (no answer in time, or its caller left); the next use opens a new one"
             );
             // Out of the pool for good; dropping deadpool's wrapper aborts the connection's
             // task, which closes its socket.
@@ -440,9 +440,10 @@ impl Inner {
     /// the connections it held are closed, not pooled ([`Checkout`]); so are they when the
     /// returned future is dropped before `op` finished.
     ///
-    /// `op` is boxed once, here: a batch's future is kilobytes, and the task-local scope and
-    /// the race with the timer would otherwise each move it again (callgrind: ~30,000
-    /// instructions of `memcpy` per PostgreSQL new key).
+    /// `op` is boxed once, inside the task-local scope, and the race with the timer once
+    /// more (small by then): a batch's future is kilobytes, and the scope and the
+    /// race would otherwise each move it again (callgrind: ~30,000 instructions of `memcpy`
+    /// per PostgreSQL new key).
     pub(crate) fn within<'a, T: 'a>(
         &self,
         limit: Duration,

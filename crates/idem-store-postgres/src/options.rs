@@ -142,9 +142,7 @@ impl PgOptions {
         if config.get_connect_timeout().is_none() {
             config.connect_timeout(Duration::from_secs(5));
         }
-        keep_alive(&mut config, |name| {
-            idem_core::store::take_url_param(&rest, name).1.is_some()
-        });
+        keep_alive(&mut config);
         config.application_name("idem");
         Ok(PgOptions {
             config,
@@ -159,27 +157,29 @@ impl PgOptions {
     }
 }
 
-/// TCP keepalive on every connection, probing sooner than the kernel's two idle hours
-/// (tokio-postgres's default): a pooled connection that went silent while idle (its peer
-/// gone without a word, a NAT or a firewall that forgot it) is found dead within
-/// [`KEEPALIVE_IDLE`] plus [`KEEPALIVE_RETRIES`] probes [`KEEPALIVE_INTERVAL`] apart, and
-/// the pool drops it before handing it out, rather than the next operation on it waiting
-/// out its bound. What the URL names (`keepalives`, `keepalives_idle`,
-/// `keepalives_interval`, `keepalives_retries`) is kept as it says.
-fn keep_alive(config: &mut tokio_postgres::Config, named: impl Fn(&str) -> bool) {
-    if !named("keepalives") {
-        config.keepalives(true);
-    }
-    if !named("keepalives_idle") {
+/// TCP keepalive probing sooner than the kernel's two idle hours (tokio-postgres's
+/// default): a pooled connection that went silent while idle (its peer gone without a word,
+/// a NAT or a firewall that forgot it) is found dead within [`KEEPALIVE_IDLE`] plus
+/// [`KEEPALIVE_RETRIES`] probes [`KEEPALIVE_INTERVAL`] apart, and the pool drops it before
+/// handing it out, rather than the next operation on it waiting out its bound. Read from the
+/// parsed connection string, so the URL and the `key=value` forms, percent-encoded or not,
+/// count alike: what it sets (`keepalives=0`, `keepalives_interval`, `keepalives_retries`)
+/// is kept, and so is `keepalives_idle` unless it is tokio-postgres's own default, two
+/// hours, which reads as unset.
+fn keep_alive(config: &mut tokio_postgres::Config) {
+    if config.get_keepalives_idle() == TOKIO_POSTGRES_KEEPALIVE_IDLE {
         config.keepalives_idle(KEEPALIVE_IDLE);
     }
-    if !named("keepalives_interval") {
+    if config.get_keepalives_interval().is_none() {
         config.keepalives_interval(KEEPALIVE_INTERVAL);
     }
-    if !named("keepalives_retries") {
+    if config.get_keepalives_retries().is_none() {
         config.keepalives_retries(KEEPALIVE_RETRIES);
     }
 }
+
+/// tokio-postgres's idle time before the first probe when none is set.
+const TOKIO_POSTGRES_KEEPALIVE_IDLE: Duration = Duration::from_secs(2 * 60 * 60);
 
 /// Idle time before a connection's first keepalive probe, unless the URL says otherwise.
 pub const KEEPALIVE_IDLE: Duration = Duration::from_secs(30);
@@ -240,26 +240,28 @@ mod tests {
     }
 
     #[test]
-    fn keepalive_probes_within_a_minute_unless_the_url_says_otherwise() {
-        let c = PgOptions::from_url("postgres://u@h/db")
-            .expect("url")
-            .config;
-        assert!(c.get_keepalives());
-        assert_eq!(c.get_keepalives_idle(), KEEPALIVE_IDLE);
-        assert_eq!(c.get_keepalives_interval(), Some(KEEPALIVE_INTERVAL));
-        assert_eq!(c.get_keepalives_retries(), Some(KEEPALIVE_RETRIES));
-        let c = PgOptions::from_url(
-            "postgres://u@h/db?keepalives_idle=7200&keepalives_interval=75&keepalives_retries=9&schema=s",
-        )
-        .expect("url")
-        .config;
-        assert_eq!(c.get_keepalives_idle(), Duration::from_secs(7200));
-        assert_eq!(c.get_keepalives_interval(), Some(Duration::from_secs(75)));
-        assert_eq!(c.get_keepalives_retries(), Some(9));
-        let c = PgOptions::from_url("postgres://u@h/db?keepalives=0")
-            .expect("url")
-            .config;
-        assert!(!c.get_keepalives());
+    fn keepalive_probes_within_a_minute_unless_the_connection_string_says_otherwise() {
+        for plain in ["postgres://u@h/db", "host=h user=u dbname=db"] {
+            let c = PgOptions::from_url(plain).expect("parses").config;
+            assert!(c.get_keepalives(), "{plain}");
+            assert_eq!(c.get_keepalives_idle(), KEEPALIVE_IDLE, "{plain}");
+            assert_eq!(c.get_keepalives_interval(), Some(KEEPALIVE_INTERVAL));
+            assert_eq!(c.get_keepalives_retries(), Some(KEEPALIVE_RETRIES));
+        }
+        for set in [
+            "postgres://u@h/db?keepalives_idle=600&keepalives_interval=75&keepalives_retries=9&schema=s",
+            "postgres://u@h/db?keepalives%5Fidle=600&keepalives_interval=75&keepalives_retries=9",
+            "host=h keepalives_idle=600 keepalives_interval=75 keepalives_retries=9",
+        ] {
+            let c = PgOptions::from_url(set).expect("parses").config;
+            assert_eq!(c.get_keepalives_idle(), Duration::from_secs(600), "{set}");
+            assert_eq!(c.get_keepalives_interval(), Some(Duration::from_secs(75)));
+            assert_eq!(c.get_keepalives_retries(), Some(9));
+        }
+        for off in ["postgres://u@h/db?keepalives=0", "host=h keepalives=0"] {
+            let c = PgOptions::from_url(off).expect("parses").config;
+            assert!(!c.get_keepalives(), "{off}");
+        }
     }
 
     #[test]

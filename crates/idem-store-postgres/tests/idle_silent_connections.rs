@@ -6,9 +6,9 @@
 //! The silence is real TCP silence: an nftables rule drops what the server sends to this
 //! store's own connections (found by their `application_name` in `pg_stat_activity`), so
 //! the kernel's keepalive probes go unanswered, as they would across a lost host. Only
-//! those ports are touched; the rule's table is deleted when the test ends. The URL asks
-//! for probes one second apart so the test takes seconds (the store's defaults, 30 s idle
-//! and three probes 10 s apart, are checked in `options.rs`). Needs the PostgreSQL server
+//! those ports are touched, for a minute at most; the rule's table is deleted when the test
+//! ends. The URL asks for probes one second apart so the test takes seconds (the store's
+//! defaults, 30 s idle and three probes 10 s apart, are checked in `options.rs`). Needs the PostgreSQL server
 //! and `nft` with the right to use it (Debian: nftables, as root); skips without them
 //! unless IDEM_REQUIRE_SERVICES=1.
 
@@ -20,6 +20,8 @@ use idem_store_postgres::{PgOptions, PgStore};
 
 const PG: &str = "127.0.0.1:5432";
 const OP_TIMEOUT: Duration = Duration::from_secs(5);
+/// Every table this test makes is named so.
+const TABLE_PREFIX: &str = "idem_keepalive_";
 
 /// An nftables table of this test's own; deleted when dropped, so a failing test leaves no
 /// rule behind.
@@ -28,39 +30,51 @@ struct Firewall {
 }
 
 impl Firewall {
-    /// `None` when `nft` is missing or may not be used here.
+    /// `None` when `nft` is missing or may not be used here. Deletes the tables an earlier
+    /// run left behind (killed before its drop ran) first.
     fn new(table: &str) -> Option<Firewall> {
+        if let Ok(out) = Command::new("nft").args(["list", "tables"]).output() {
+            for line in String::from_utf8_lossy(&out.stdout).lines() {
+                if let Some(stale) = line.strip_prefix("table inet ")
+                    && stale.starts_with(TABLE_PREFIX)
+                {
+                    let _ = nft(&["delete", "table", "inet", stale]);
+                }
+            }
+        }
         let made = nft(&["add", "table", "inet", table]).ok()?;
         made.then(|| Firewall {
             table: table.to_owned(),
         })
     }
 
-    /// Drops every packet the server sends to these local ports.
+    /// Drops every packet the server sends to these local ports, for a minute at most: the
+    /// ports are elements of a set that expire by themselves, so a run killed before its
+    /// drop cannot leave them silenced for the next connections that reuse them.
     fn silence_server_to(&self, ports: &[u16]) {
-        let ports: Vec<String> = ports.iter().map(u16::to_string).collect();
+        let t = self.table.as_str();
+        let set = "{ type inet_service; flags timeout; }";
+        assert_eq!(
+            nft(&["add", "set", "inet", t, "ports", set]).ok(),
+            Some(true)
+        );
         let chain = "{ type filter hook input priority 0; }";
         assert_eq!(
-            nft(&["add", "chain", "inet", &self.table, "input", chain]).ok(),
-            Some(true),
-            "nft add chain"
+            nft(&["add", "chain", "inet", t, "input", chain]).ok(),
+            Some(true)
         );
-        let set = format!("{{ {} }}", ports.join(", "));
         let rule = [
-            "add",
-            "rule",
-            "inet",
-            &self.table,
-            "input",
-            "tcp",
-            "sport",
-            "5432",
-            "tcp",
-            "dport",
-            &set,
+            "add", "rule", "inet", t, "input", "tcp", "sport", "5432", "tcp", "dport", "@ports",
             "drop",
         ];
         assert_eq!(nft(&rule).ok(), Some(true), "nft add rule");
+        let elements: Vec<String> = ports.iter().map(|p| format!("{p} timeout 60s")).collect();
+        let elements = format!("{{ {} }}", elements.join(", "));
+        assert_eq!(
+            nft(&["add", "element", "inet", t, "ports", &elements]).ok(),
+            Some(true),
+            "nft add element"
+        );
     }
 }
 
@@ -85,7 +99,7 @@ async fn an_idle_connection_gone_silent_is_dropped_by_keepalive_not_handed_out()
     if !idem_conformance::server_reachable(test, "PostgreSQL", PG) {
         return;
     }
-    let name = format!("idem_keepalive_{:016x}", rand::random::<u64>());
+    let name = format!("{TABLE_PREFIX}{:016x}", rand::random::<u64>());
     let Some(firewall) = Firewall::new(&name) else {
         idem_conformance::skip(test, "nft is missing or may not be used here");
         return;

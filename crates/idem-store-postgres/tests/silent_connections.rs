@@ -174,7 +174,8 @@ async fn a_store_whose_connections_went_silent_fails_closed_then_recovers_on_new
         );
     }
     assert!(
-        started.elapsed() < OP_TIMEOUT * 6,
+        // Each caller gives up at the operation timeout, not at the batch bound (5x).
+        started.elapsed() < OP_TIMEOUT * 3,
         "failing closed took {:?}",
         started.elapsed()
     );
