@@ -93,19 +93,17 @@ tokio::task_local! {
 
 /// Whether an operation gave up before it finished: its time ran out, or whoever awaited it
 /// dropped it (a client gone, a heartbeat stopped). Set before the operation is dropped.
-/// An operation inside another (a release inside a batch of claims) gave up when either did.
-struct GaveUp {
-    flag: AtomicBool,
-    outer: Option<Arc<GaveUp>>,
-}
+/// An operation inside another (a release inside a batch of claims) needs nothing more: when
+/// the outer one gives up, the inner one is dropped unfinished with it and sets its own.
+struct GaveUp(AtomicBool);
 
 impl GaveUp {
     fn set(&self) {
-        self.flag.store(true, Ordering::Release);
+        self.0.store(true, Ordering::Release);
     }
 
     fn is_set(&self) -> bool {
-        self.flag.load(Ordering::Acquire) || self.outer.as_ref().is_some_and(|o| o.is_set())
+        self.0.load(Ordering::Acquire)
     }
 }
 
@@ -429,7 +427,8 @@ impl Inner {
     /// (up to the operation timeout each), then past the server's own bound on a statement
     /// (`statement_timeout`, twice the operation timeout). No caller waits that long (each
     /// gives up at the operation timeout), and a healthy server has answered or failed the
-    /// batch by then, so it has released the claims whose callers left; a batch still
+    /// batch's claim statements by then (the releases of claims whose callers left follow,
+    /// one by one: a cut batch may leave some, which read as abandoned). A batch still
     /// unanswered is on a connection that will not answer, and would hold its batcher's
     /// slot, so every later batch of the lane queued behind it.
     pub(crate) fn batch_bound(&self) -> Duration {
@@ -449,10 +448,7 @@ impl Inner {
         limit: Duration,
         op: impl Future<Output = Result<T, StoreError>> + Send + 'a,
     ) -> impl Future<Output = Result<T, StoreError>> + Send + 'a {
-        let gave_up = Arc::new(GaveUp {
-            flag: AtomicBool::new(false),
-            outer: GAVE_UP.try_with(Arc::clone).ok(),
-        });
+        let gave_up = Arc::new(GaveUp(AtomicBool::new(false)));
         let op = GAVE_UP.scope(gave_up.clone(), Box::pin(op));
         let timed = gave_up.clone();
         let raced = async move {

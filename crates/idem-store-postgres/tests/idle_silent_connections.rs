@@ -8,9 +8,9 @@
 //! the kernel's keepalive probes go unanswered, as they would across a lost host. Only
 //! those ports are touched, for a minute at most; the rule's table is deleted when the test
 //! ends. The URL asks for probes one second apart so the test takes seconds (the store's
-//! defaults, 30 s idle and three probes 10 s apart, are checked in `options.rs`). Needs the PostgreSQL server
-//! and `nft` with the right to use it (Debian: nftables, as root); skips without them
-//! unless IDEM_REQUIRE_SERVICES=1.
+//! defaults, 30 s idle and three probes 10 s apart, are checked in `options.rs`). Needs the
+//! PostgreSQL server and `nft` with the right to use it (Debian: nftables, as root); skips
+//! without them unless IDEM_REQUIRE_SERVICES=1.
 
 use std::process::Command;
 use std::time::{Duration, Instant};

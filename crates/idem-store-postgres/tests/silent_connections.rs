@@ -4,7 +4,7 @@
 //! a firewall that forgot them). Every operation fails closed at the operation timeout, and
 //! the store recovers on new connections by the batch bound: the connections whose
 //! operations got no answer are closed, not pooled, and a batch on one gives its batcher's
-//! slot back. Without that, TCP keepalive would give up on them hours later. The server is
+//! slot back. Without that, TCP would give up on them minutes to hours later. The server is
 //! reached through a relay in this process that can silence what it carries. A read its
 //! caller dropped while silent closes its connection too. Real server; a schema of its
 //! own. Skips without PostgreSQL unless IDEM_REQUIRE_SERVICES=1.
