@@ -103,12 +103,40 @@ pub(crate) fn list(
     Ok(rows.into_iter().map(|c| c.into_listed("sqlite")).collect())
 }
 
+/// Writes `r`, over any row of the same (scope, key).
 pub(crate) fn upsert(conn: &Connection, r: &Record) -> rusqlite::Result<()> {
-    let mut stmt = conn.prepare_cached(concat!(
-        "INSERT OR REPLACE INTO idem_records (",
-        columns!(),
-        ", status) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15)"
-    ))?;
+    write(
+        conn,
+        r,
+        concat!(
+            "INSERT OR REPLACE INTO idem_records (",
+            columns!(),
+            ", status) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15)"
+        ),
+    )?;
+    Ok(())
+}
+
+/// Writes `r` only if no row of its (scope, key) exists; whether it did. (`ON CONFLICT ... DO
+/// NOTHING` passes over the primary key's conflict alone, where `INSERT OR IGNORE` would also
+/// pass over a broken `NOT NULL`.)
+pub(crate) fn insert_new(conn: &Connection, r: &Record) -> rusqlite::Result<bool> {
+    let inserted = write(
+        conn,
+        r,
+        concat!(
+            "INSERT INTO idem_records (",
+            columns!(),
+            ", status) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15) \
+             ON CONFLICT (scope, key) DO NOTHING"
+        ),
+    )?;
+    Ok(inserted == 1)
+}
+
+/// Runs `sql`, a statement taking a record's columns as `?1` to `?15`; the rows it changed.
+fn write(conn: &Connection, r: &Record, sql: &str) -> rusqlite::Result<usize> {
+    let mut stmt = conn.prepare_cached(sql)?;
     // Borrowed from the record, not copied into `Columns`: this runs for every claim and
     // completion on the writer thread.
     stmt.execute(params![
@@ -127,8 +155,7 @@ pub(crate) fn upsert(conn: &Connection, r: &Record) -> rusqlite::Result<()> {
         i64::from(r.replays),
         r.response.as_ref().map(StoredResponse::encode),
         r.response.as_ref().map(|x| i64::from(x.status)),
-    ])?;
-    Ok(())
+    ])
 }
 
 pub(crate) fn delete(conn: &Connection, scope: &Scope, key: &Key) -> rusqlite::Result<()> {

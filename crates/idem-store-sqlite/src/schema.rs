@@ -45,6 +45,19 @@ pub(crate) fn unavailable_again(e: &StoreError) -> StoreError {
     }
 }
 
+/// The writer's page cache, in KiB (about 2,000 pages of 4 KiB with their overhead).
+///
+/// A larger cache costs more than it saves. After a commit whose b-tree balance swapped two
+/// pages' numbers (SQLite's `balance_nonroot` swaps them through the pending-byte page's
+/// number, 262,145 with 4 KiB pages, which lies past the end of a file under 1 GiB), the
+/// commit drops the cached pages past the file's end by walking every slot of the cache's
+/// hash table. The walk grows with the cache: at 64 MiB (16,384 slots) it was 18% of a warm
+/// writer's time, and the writer ran 16% fewer claim + complete pairs per second than at
+/// 8 MiB. Pages the cache misses come from the WAL or the OS's page cache; with random keys
+/// 8 MiB was also 8-10% ahead of 64 MiB on a 1.24 GB file, past where the walk happens
+/// (docs/benchmarks.md, "Fifth pass: SQLite's writer").
+const WRITER_CACHE_KIB: i64 = 8_192;
+
 /// Opens a connection with the pragmas every idem connection uses.
 pub(crate) fn connect(path: &Path, busy_timeout: Duration) -> Result<Connection, StoreError> {
     let flags = OpenFlags::SQLITE_OPEN_READ_WRITE
@@ -79,8 +92,7 @@ pub(crate) fn prepare_writer(conn: &mut Connection, path: &Path) -> Result<(), S
     // Checkpoints run on their own thread (checkpoint.rs); this is only the backstop.
     conn.pragma_update(None, "wal_autocheckpoint", 10_000)
         .map_err(|e| unavailable(path, "wal_autocheckpoint", e))?;
-    // The writer reads every row it decides on: keep the hot part of the tree in memory.
-    conn.pragma_update(None, "cache_size", -65_536)
+    conn.pragma_update(None, "cache_size", -WRITER_CACHE_KIB)
         .map_err(|e| unavailable(path, "cache_size", e))?;
     // A WAL that grew during a burst is cut back to this size once checkpointed.
     conn.pragma_update(None, "journal_size_limit", 64 * 1024 * 1024)

@@ -340,10 +340,22 @@ fn apply(
             }
             Ok(Ok(Done::Counted))
         }
-        Cmd::Claim(req) => on_record(conn, &req.scope, &req.key, |existing| {
-            let (claim, write) = machine::claim(existing, req, now, FencingToken::random());
-            Ok((Done::Claim(claim), write))
-        }),
+        Cmd::Claim(req) => {
+            let token = FencingToken::random();
+            // Most claims that reach the writer are of keys never seen (the readers answered
+            // the others): the machine's answer to "no record" is written by one statement
+            // that does nothing if a row exists, and only then is the row read and decided on.
+            // The same transaction holds both, so nothing can come between them.
+            if let (claim, Write::Put(fresh)) = machine::claim(None, req, now, token)
+                && row::insert_new(conn, &fresh)?
+            {
+                return Ok(Ok(Done::Claim(claim)));
+            }
+            on_record(conn, &req.scope, &req.key, |existing| {
+                let (claim, write) = machine::claim(existing, req, now, token);
+                Ok((Done::Claim(claim), write))
+            })
+        }
         Cmd::Complete {
             scope,
             key,
