@@ -4,11 +4,14 @@
 //! the one `WRITER_CACHE_KIB` in `src/schema.rs` avoids, show only on a warm, large file.
 //!
 //! ```sh
-//! cargo run --release -p idem-store-sqlite --example pairs -- FILE PAIRS [CLAIMERS=64] [FIRST=0]
+//! cargo run --release -p idem-store-sqlite --example pairs -- FILE PAIRS [CLAIMERS=64] [FIRST=0] [sequential|random]
 //! ```
 //!
 //! Keys are `bench-FIRST` onwards, so a second run over the same file with a larger FIRST
-//! claims fresh keys among the first run's records. docs/benchmarks.md ("SQLite's writer
+//! claims fresh keys among the first run's records. These sort close together, so
+//! consecutive pairs touch the same few leaf pages; `random` spreads the same numbers over
+//! the whole key space (`bench-` and a 64-bit mix of the number, as fresh idempotency keys
+//! are), so each pair reads a leaf the cache may not hold. docs/benchmarks.md ("SQLite's writer
 //! cache") fills a file with 600,000 pairs, then measures 800,000 more (`perf`, wall time) or
 //! 4,000 under callgrind.
 
@@ -17,7 +20,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use idem_conformance::load::{request, run_concurrent};
-use idem_core::{Claim, Store, StoredResponse};
+use idem_core::{Claim, Key, Store, StoredResponse};
 use idem_store_sqlite::SqliteStore;
 
 fn main() -> ExitCode {
@@ -25,7 +28,7 @@ fn main() -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("pairs: {e}");
-            eprintln!("usage: pairs FILE PAIRS [CLAIMERS=64] [FIRST=0]");
+            eprintln!("usage: pairs FILE PAIRS [CLAIMERS=64] [FIRST=0] [sequential|random]");
             ExitCode::FAILURE
         }
     }
@@ -45,6 +48,11 @@ fn run() -> Result<(), String> {
     let pairs = number(args.next(), None, "PAIRS")?;
     let claimers = number(args.next(), Some(64), "CLAIMERS")?;
     let first = number(args.next(), Some(0), "FIRST")?;
+    let random = match args.next().as_deref() {
+        None | Some("sequential") => false,
+        Some("random") => true,
+        Some(other) => return Err(format!("key order {other:?}: sequential or random")),
+    };
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -55,7 +63,12 @@ fn run() -> Result<(), String> {
     let took = run_concurrent(&rt, claimers, pairs, move || {
         let (store, next) = (store.clone(), next.clone());
         async move {
-            let req = request(next.fetch_add(1, Ordering::Relaxed));
+            let n = next.fetch_add(1, Ordering::Relaxed);
+            let mut req = request(n);
+            if random {
+                req.key = Key::new(format!("bench-{:016x}", mix(n)))
+                    .unwrap_or_else(|e| panic!("a generated key was refused: {e}"));
+            }
             let (scope, key) = (req.scope.clone(), req.key.clone());
             let lease = match store.claim(req).await {
                 Ok(Claim::Acquired(lease)) => lease,
@@ -73,4 +86,12 @@ fn run() -> Result<(), String> {
         pairs as f64 / took.as_secs_f64()
     );
     Ok(())
+}
+
+/// SplitMix64's finaliser: a bijection on u64, so distinct numbers give distinct keys.
+fn mix(n: u64) -> u64 {
+    let mut z = n.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
 }
