@@ -11,8 +11,8 @@
 //! claims fresh keys among the first run's records. These sort close together, so
 //! consecutive pairs touch the same few leaf pages; `random` spreads the same numbers over
 //! the whole key space (`bench-` and a 64-bit mix of the number, as fresh idempotency keys
-//! are), so each pair reads a leaf the cache may not hold. docs/benchmarks.md ("SQLite's writer
-//! cache") fills a file with 600,000 pairs, then measures 800,000 more (`perf`, wall time) or
+//! are), so each pair reads a leaf the cache may not hold. docs/benchmarks.md ("Fifth pass:
+//! SQLite's writer") fills a file with 600,000 pairs, then measures 800,000 more (`perf`, wall time) or
 //! 4,000 under callgrind.
 
 use std::process::ExitCode;

@@ -18,6 +18,18 @@ macro_rules! columns {
     };
 }
 
+/// `INTO idem_records (...) VALUES (...)` with a record's columns as `?1` to `?15`, the
+/// parameters [`write()`] binds: the one body of every statement that writes a whole record.
+macro_rules! into_records {
+    () => {
+        concat!(
+            "INTO idem_records (",
+            columns!(),
+            ", status) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15)"
+        )
+    };
+}
+
 fn raw(r: &Row<'_>) -> rusqlite::Result<Columns> {
     Ok(Columns {
         scope: r.get(0)?,
@@ -105,15 +117,7 @@ pub(crate) fn list(
 
 /// Writes `r`, over any row of the same (scope, key).
 pub(crate) fn upsert(conn: &Connection, r: &Record) -> rusqlite::Result<()> {
-    write(
-        conn,
-        r,
-        concat!(
-            "INSERT OR REPLACE INTO idem_records (",
-            columns!(),
-            ", status) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15)"
-        ),
-    )?;
+    write(conn, r, concat!("INSERT OR REPLACE ", into_records!()))?;
     Ok(())
 }
 
@@ -121,20 +125,16 @@ pub(crate) fn upsert(conn: &Connection, r: &Record) -> rusqlite::Result<()> {
 /// NOTHING` passes over the primary key's conflict alone, where `INSERT OR IGNORE` would also
 /// pass over a broken `NOT NULL`.)
 pub(crate) fn insert_new(conn: &Connection, r: &Record) -> rusqlite::Result<bool> {
-    let inserted = write(
-        conn,
-        r,
-        concat!(
-            "INSERT INTO idem_records (",
-            columns!(),
-            ", status) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15) \
-             ON CONFLICT (scope, key) DO NOTHING"
-        ),
-    )?;
+    let sql = concat!(
+        "INSERT ",
+        into_records!(),
+        " ON CONFLICT (scope, key) DO NOTHING"
+    );
+    let inserted = write(conn, r, sql)?;
     Ok(inserted == 1)
 }
 
-/// Runs `sql`, a statement taking a record's columns as `?1` to `?15`; the rows it changed.
+/// Runs `sql`, a statement built on [`into_records!`]; the rows it changed.
 fn write(conn: &Connection, r: &Record, sql: &str) -> rusqlite::Result<usize> {
     let mut stmt = conn.prepare_cached(sql)?;
     // Borrowed from the record, not copied into `Columns`: this runs for every claim and
