@@ -11,8 +11,8 @@ use std::time::Duration;
 
 use idem_core::clock::duration_millis;
 use idem_core::{
-    AbandonedPolicy, Claim, ClaimRequest, FencingToken, Lease, Record, StoreError, Timestamp,
-    machine,
+    AbandonedPolicy, Claim, ClaimRequest, FencingToken, Key, Lease, Record, Scope, StoreError,
+    Timestamp, machine,
 };
 use tokio::sync::oneshot;
 
@@ -36,6 +36,15 @@ pub(crate) struct ClaimRow {
 
 /// A claim waiting for its batch, with the token it will hold if it acquires.
 pub(crate) type ClaimJob = (ClaimRequest, FencingToken);
+
+/// A lease a batch granted to a caller that was gone when the answer came: nobody will run
+/// the effect, so the key is released rather than left to read as in flight, then abandoned.
+#[derive(Debug)]
+pub(crate) struct Departed {
+    pub(crate) scope: Scope,
+    pub(crate) key: Key,
+    pub(crate) token: FencingToken,
+}
 
 /// A claim statement that failed. `busy`: the server gave up waiting on a lock
 /// (`lock_timeout`) or on the statement (`statement_timeout`), so the key is held by another
@@ -201,11 +210,15 @@ impl Inner {
 
     /// A batch of claims: one statement per (abandoned policy, retention) among distinct
     /// keys. A key claimed twice in one batch is answered from the first one's row; any claim
-    /// the statement left unsettled runs alone after, with the same token.
+    /// the statement left unsettled runs alone after, with the same token. The leases of
+    /// callers gone by their answer go to `departed`, which the batch's runner releases in
+    /// one statement after the batch, whether it finished or was cut
+    /// ([`Inner::release_departed`]).
     pub(crate) async fn claim_batch(
         &self,
         pool: &Pool,
         jobs: Vec<Job<ClaimJob, Result<Claim, StoreError>>>,
+        departed: &mut Vec<Departed>,
     ) {
         // A caller that gave up (its timeout passed) is not claimed for: nobody would hold
         // the lease, and its retry would find the key in flight, then abandoned.
@@ -255,7 +268,7 @@ impl Inner {
                     Err(_) => Ok(None),
                 };
                 match settled {
-                    Ok(Some(answer)) => self.answer(&req, answer, reply).await,
+                    Ok(Some(answer)) => send_answer(req, answer, reply, departed),
                     Ok(None) => alone.push((req, token, reply)),
                     Err(e) => {
                         let _ = reply.send(Err(e));
@@ -276,7 +289,7 @@ impl Inner {
                 })
             });
             match self.settle(&req, token, row.as_ref()) {
-                Ok(Some(answer)) => self.answer(&req, answer, reply).await,
+                Ok(Some(answer)) => send_answer(req, answer, reply, departed),
                 Ok(None) => alone.push((req, token, reply)),
                 Err(e) => {
                     let _ = reply.send(Err(e));
@@ -288,31 +301,29 @@ impl Inner {
                 continue;
             }
             match self.claim_on(&*client, &req, token).await {
-                Ok(answer) => self.answer(&req, answer, reply).await,
+                Ok(answer) => send_answer(req, answer, reply, departed),
                 Err(e) => {
                     let _ = reply.send(Err(e));
                 }
             }
         }
     }
+}
 
-    /// Sends a claim's answer. A lease whose caller is gone is released at once: nobody
-    /// will run the effect, and the key must not wait for the lease to end and then read
-    /// as an unknown outcome.
-    async fn answer(
-        &self,
-        req: &ClaimRequest,
-        answer: Claim,
-        reply: oneshot::Sender<Result<Claim, StoreError>>,
-    ) {
-        if let Err(Ok(Claim::Acquired(lease))) = reply.send(Ok(answer)) {
-            match self.release_one(&req.scope, &req.key, lease.token).await {
-                Ok(()) => tracing::debug!(key = %req.key, "released a claim whose caller was gone"),
-                Err(e) => tracing::warn!(
-                    key = %req.key, error = %e,
-                    "a claim whose caller was gone could not be released; it will read as abandoned"
-                ),
-            }
-        }
+/// Sends a claim's answer. A lease whose caller is gone goes to `departed`: nobody will run
+/// the effect, and the key must not wait for the lease to end and then read as an unknown
+/// outcome.
+fn send_answer(
+    req: ClaimRequest,
+    answer: Claim,
+    reply: oneshot::Sender<Result<Claim, StoreError>>,
+    departed: &mut Vec<Departed>,
+) {
+    if let Err(Ok(Claim::Acquired(lease))) = reply.send(Ok(answer)) {
+        departed.push(Departed {
+            scope: req.scope,
+            key: req.key,
+            token: lease.token,
+        });
     }
 }

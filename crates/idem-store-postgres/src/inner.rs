@@ -427,8 +427,8 @@ impl Inner {
     /// (up to the operation timeout each), then past the server's own bound on a statement
     /// (`statement_timeout`, twice the operation timeout). No caller waits that long (each
     /// gives up at the operation timeout), and a healthy server has answered or failed the
-    /// batch's claim statements by then (the releases of claims whose callers left follow,
-    /// one by one: a cut batch may leave some, which read as abandoned). A batch still
+    /// batch's claim statements by then (the claims of callers that left are released after
+    /// the batch, outside this bound: [`Inner::release_departed`]). A batch still
     /// unanswered is on a connection that will not answer, and would hold its batcher's
     /// slot, so every later batch of the lane queued behind it.
     pub(crate) fn batch_bound(&self) -> Duration {

@@ -25,6 +25,7 @@ pub(crate) struct Sql {
     pub(crate) complete: String,
     pub(crate) complete_one: String,
     pub(crate) release: String,
+    pub(crate) release_many: String,
     pub(crate) extend: String,
     pub(crate) get: String,
     pub(crate) get_for_update: String,
@@ -125,6 +126,13 @@ WHERE NOT EXISTS (SELECT 1 FROM ins WHERE ins.scope = cur.scope AND ins.key = cu
             ),
             release: format!(
                 "DELETE FROM {t} r WHERE r.scope = $1 AND r.key = $2 AND r.token = $3 \
+                 AND r.completed_at IS NULL"
+            ),
+            // Fenced as `release` is, any number of keys: a batch's departed callers.
+            release_many: format!(
+                "DELETE FROM {t} r USING unnest($1::text[], $2::text[], $3::bigint[]) \
+                 AS u(scope, key, token) \
+                 WHERE r.scope = u.scope AND r.key = u.key AND r.token = u.token \
                  AND r.completed_at IS NULL"
             ),
             extend: format!(

@@ -58,12 +58,17 @@ impl Batchers {
                 if let Some(inner) = weak.upgrade() {
                     // Past the bound its callers are gone and its connection is closed;
                     // the jobs' answers are dropped with it.
+                    let mut departed = Vec::new();
                     let batch = async {
-                        inner.claim_batch(&pool, jobs).await;
+                        inner.claim_batch(&pool, jobs, &mut departed).await;
                         Ok(())
                     };
                     if let Err(e) = inner.within(inner.batch_bound(), batch).await {
                         tracing::warn!(error = %e, "a batch got no answer in time; its connection is closed");
+                    }
+                    // Off the batcher's slot: the next batch need not wait for these.
+                    if !departed.is_empty() {
+                        tokio::spawn(async move { inner.release_departed(departed).await });
                     }
                 }
             }

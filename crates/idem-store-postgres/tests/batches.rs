@@ -91,6 +91,77 @@ async fn a_held_key_neither_stalls_others_nor_leaves_phantom_claims() {
     let _ = store.drop_schema().await;
 }
 
+/// Claims a batch acquired for callers that left while its statement waited are released,
+/// all of them, after the batch: none is left to read as in flight, then abandoned.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn claims_whose_callers_left_mid_batch_are_all_released() {
+    let Some(mut opts) = options("claims_whose_callers_left_mid_batch_are_all_released") else {
+        return;
+    };
+    // lock_timeout is half of this: the batch's statement waits out the callers, not the lock.
+    opts.op_timeout = Duration::from_secs(6);
+    opts.batches_in_flight = 1;
+    let store = ok(PgStore::connect(opts).await);
+    let mut x_holder = ok(store.pool().get().await);
+    let x_tx = ok(x_holder.transaction().await);
+    ok(store.claim_in(&x_tx, &req("x")).await);
+    let mut y_holder = ok(store.pool().get().await);
+    let y_tx = ok(y_holder.transaction().await);
+    ok(store.claim_in(&y_tx, &req("y")).await);
+    // The one batch slot waits on x; "y" and forty fresh keys queue into the next batch,
+    // whose callers give up after a second, while that batch waits on y.
+    let s = store.clone();
+    let x = tokio::spawn(async move { s.claim(req("x")).await });
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let keys: Vec<String> = std::iter::once("y".to_owned())
+        .chain((0..40).map(|i| format!("k{i:02}")))
+        .collect();
+    let callers: Vec<_> = keys
+        .iter()
+        .map(|k| {
+            let (s, k) = (store.clone(), k.clone());
+            tokio::spawn(async move {
+                tokio::time::timeout(Duration::from_secs(1), s.claim(req(&k))).await
+            })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    ok(x_tx.rollback().await);
+    assert!(matches!(ok(x.await), Ok(Claim::Acquired(_))));
+    for c in callers {
+        assert!(
+            ok(c.await).is_err(),
+            "a caller was answered before it gave up"
+        );
+    }
+    ok(y_tx.rollback().await);
+    // The batch now acquires every key for nobody, and its runner releases them.
+    let mut left = keys.clone();
+    for _ in 0..100 {
+        let mut still = Vec::new();
+        for k in &left {
+            if ok(store.get(&scope(), &ok(Key::new(k))).await).is_some() {
+                still.push(k.clone());
+            }
+        }
+        left = still;
+        if left.is_empty() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(
+        left.is_empty(),
+        "claims of departed callers left in flight: {left:?}"
+    );
+    for k in ["y", "k00", "k39"] {
+        assert!(matches!(ok(store.claim(req(k)).await), Claim::Acquired(_)));
+    }
+    drop(x_holder);
+    drop(y_holder);
+    let _ = store.drop_schema().await;
+}
+
 /// A row idem cannot read fails its own key only; a fresh key in the same batch acquires.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_unreadable_row_fails_only_its_own_key() {
