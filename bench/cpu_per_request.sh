@@ -12,14 +12,18 @@
 # with a small JSON body. The rows:
 #   nginx reverse proxy (1 worker, keep-alive upstream)        the baseline, 1.00
 #   idem serve on memory, SQLite, Redis, PostgreSQL: new keys and replays
+#   (row `uncached`) SQLite replays with the completed-record cache off (`[limits] cache_bytes = 0`):
+#   each one answered by the store, as after a restart or an eviction
 #   the floor: idem serve forwarding an unkeyed POST, and a bare hyper proxy (no idem) with
-#   hyper-util's pooled client and with request-driven upstream connections
+#   hyper-util's pooled client and with request-driven upstream connections; and under a
+#   replay, the same hyper server reading each body and answering it itself
 #   idempotent-proxy (ldclabs) on memory and on Redis, when PEER_BIN names its server binary
 # For Redis and PostgreSQL the store server's own CPU per request is given beside the
 # gateway's (redis-server's process; every postgres process of the cluster), and for every idem
 # row the split by thread (tokio's workers summed under one name).
 #
 #   bash bench/cpu_per_request.sh [DURATION_SECONDS=5] [ROWS="nginx memory floor sqlite redis postgres peer"]
+#   (rows not run unless named: uncached)
 #   IDEM_BIN=/path/to/idem bash bench/cpu_per_request.sh ...     # another build's binary
 #   PEER_BIN=/path/to/idempotent-proxy-server bash bench/cpu_per_request.sh ...
 #
@@ -149,10 +153,10 @@ row() { # LABEL PORT SCRIPT PATH "PIDS" SERVER_PIDS THREADS_OF
   printf '| %s | %s | %s | %s | **%s** | %s | %s |\n' "$label" "$rps" "$p99" "${non2xx:-0}" "$cpu" "$ratio" "${scpu:-}${split:+ ($split)}"
 }
 
-# Starts `idem serve` on PORT with STORE; sets GW.
-start_idem() { # PORT STORE
+# Starts `idem serve` on PORT with STORE (and CONFIG, idem.toml unless given); sets GW.
+start_idem() { # PORT STORE [CONFIG]
   IDEM_LOG=error $IDEM serve --listen "127.0.0.1:$1" --admin-listen "127.0.0.1:$(($1 + 100))" \
-    --upstream "http://127.0.0.1:$UPSTREAM" --store "$2" --config "$WORK/idem.toml" >/dev/null &
+    --upstream "http://127.0.0.1:$UPSTREAM" --store "$2" --config "$WORK/${3:-idem.toml}" >/dev/null &
   GW=$!
   wait_port "$1"
   curl -s -o /dev/null -X POST "http://127.0.0.1:$1/v1/charges" -H 'Idempotency-Key: bench-replay' \
@@ -167,6 +171,14 @@ idem_rows() { # NAME PORT STORE SERVER_PIDS
   stop "$GW"
 }
 
+# SQLite replays the completed-record cache does not hold: each is the store's claim.
+uncached_rows() {
+  { cat "$WORK/idem.toml"; printf '[limits]\ncache_bytes = 0\n'; } >"$WORK/idem-uncached.toml"
+  start_idem 18311 "sqlite:$WORK/idem-uncached.db" idem-uncached.toml
+  row "idem serve, SQLite, replays, no completed-record cache" 18311 same.lua /v1/charges "$GW" "" "$GW"
+  stop "$GW"
+}
+
 # The floor under the forwarding path, in two steps: idem serve forwarding a POST that no
 # route keys (the server, the proxy and the layer's admission, no store), and the bare hyper
 # proxy of crates/idem-gateway/examples/bare_proxy.rs (the same server, threads and client,
@@ -178,11 +190,15 @@ floor_rows() {
   stop "$GW"
   cargo build --release -q -p idem-gateway --example bare_proxy
   local mode pid
-  for mode in pooled driven; do
+  for mode in pooled driven answer; do
     "${CARGO_TARGET_DIR:-target}/release/examples/bare_proxy" 127.0.0.1:18310 "$mode" "127.0.0.1:$UPSTREAM" "$(nproc)" &
     pid=$!
     wait_port 18310
-    row "bare hyper proxy ($mode upstream connections)" 18310 pass.lua /v1/unkeyed "$pid" "" "$pid"
+    if [ "$mode" = answer ]; then
+      row "bare hyper server answering itself (the floor under a replay)" 18310 same.lua /v1/charges "$pid" "" "$pid"
+    else
+      row "bare hyper proxy ($mode upstream connections)" 18310 pass.lua /v1/unkeyed "$pid" "" "$pid"
+    fi
     stop "$pid"
   done
 }
@@ -224,6 +240,7 @@ for r in $ROWS; do
     memory) idem_rows memory 18303 memory: "" ;;
     floor) floor_rows ;;
     sqlite) idem_rows SQLite 18304 "sqlite:$WORK/idem.db" "" ;;
+    uncached) uncached_rows ;;
     redis) idem_rows Redis 18305 "redis://127.0.0.1:6379/?prefix=$PREFIX&durability=volatile" redis_pid ;;
     postgres) idem_rows PostgreSQL 18306 "$PG?schema=$SCHEMA" postgres_pids ;;
     peer)

@@ -3,8 +3,9 @@
 # counts that stay the same run after run on a busy machine, unlike requests per second.
 # The memory store unless STORE says otherwise, an nginx upstream answering 201 (as in
 # bench/gateway.sh), new keys and replays.
-# Beside them, the floor: idem serve forwarding a POST no route keys, and a bare hyper proxy
-# (crates/idem-gateway/examples/bare_proxy.rs).
+# Beside them, the floor: idem serve forwarding a POST no route keys, a bare hyper proxy
+# (crates/idem-gateway/examples/bare_proxy.rs), and that server answering each request itself
+# (the floor under a replay).
 # After a warm-up the counters are zeroed, wrk -t1 -c8 runs DURATION seconds, the counters are
 # dumped, and their total is divided by the requests wrk completed. Needs valgrind, wrk and
 # nginx (Debian: apt-get install valgrind wrk nginx). Loopback only.
@@ -79,3 +80,5 @@ measure "replays" same.lua /v1/charges
 # threads, nothing of idem's).
 measure "a POST no route keys (forwarded, no store)" pass.lua /v1/unkeyed
 measure "bare hyper proxy, pooled upstream connections" pass.lua /v1/unkeyed bare pooled
+# Under a replay: the same hyper server reading each body and answering it itself.
+measure "bare hyper server answering itself (the floor under a replay)" same.lua /v1/charges bare answer

@@ -13,6 +13,9 @@
 //! - `driven`: a pool of hyper's bare connections per thread, each driven by the request that
 //!   borrowed it (its response body polls the connection), so no task is woken in between.
 //!   It measures what an upstream client of that shape would save before one is built.
+//! - `answer`: no upstream at all (UPSTREAM_ADDR is ignored): each request's body is read
+//!   whole and the server answers it itself, 201 with the upstream's JSON body. That is the
+//!   floor under a replay, which reads the body (to fingerprint it) and answers from memory.
 //!
 //! ```sh
 //! cargo run --release -p idem-gateway --example bare_proxy -- 127.0.0.1:18309 pooled 127.0.0.1:18301 2
@@ -44,15 +47,16 @@ type Body = http_body_util::combinators::UnsyncBoxBody<Bytes, hyper::Error>;
 fn main() -> Result<()> {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let [listen, mode, upstream, threads] = args.as_slice() else {
-        bail!("usage: bare_proxy LISTEN pooled|driven UPSTREAM_ADDR THREADS");
+        bail!("usage: bare_proxy LISTEN pooled|driven|answer UPSTREAM_ADDR THREADS");
     };
     let listen: SocketAddr = listen.parse().context("LISTEN")?;
     let upstream: SocketAddr = upstream.parse().context("UPSTREAM_ADDR")?;
     let threads: usize = threads.parse().context("THREADS")?;
-    let driven = match mode.as_str() {
-        "pooled" => false,
-        "driven" => true,
-        other => bail!("unknown mode {other:?}: pooled or driven"),
+    let mode = match mode.as_str() {
+        "pooled" => Mode::Pooled,
+        "driven" => Mode::Driven,
+        "answer" => Mode::Answer,
+        other => bail!("unknown mode {other:?}: pooled, driven or answer"),
     };
     let mut senders = Vec::new();
     for i in 0..threads.max(1) {
@@ -63,7 +67,7 @@ fn main() -> Result<()> {
             .build()?;
         std::thread::Builder::new()
             .name(format!("bare-serve-{i}"))
-            .spawn(move || runtime.block_on(serve_thread(rx, upstream, driven)))?;
+            .spawn(move || runtime.block_on(serve_thread(rx, upstream, mode)))?;
     }
     let acceptor = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -81,11 +85,22 @@ fn main() -> Result<()> {
     })
 }
 
+/// How a request is answered: see the module's documentation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Mode {
+    Pooled,
+    Driven,
+    Answer,
+}
+
+/// The upstream's answer (bench/common.sh's nginx), which `answer` mode sends itself.
+const ANSWER: &str = r#"{"charge_id":"ch_1","amount_cents":4900}"#;
+
 /// Serves every connection handed to this thread, forwarding each request to `upstream`.
 async fn serve_thread(
     mut accepted: mpsc::UnboundedReceiver<std::net::TcpStream>,
     upstream: SocketAddr,
-    driven: bool,
+    mode: Mode,
 ) {
     let mut http = HttpConnector::new();
     http.set_nodelay(true);
@@ -105,11 +120,31 @@ async fn serve_thread(
             let pooled = pooled.clone();
             let target = target.clone();
             async move {
+                if mode == Mode::Answer {
+                    let read = req.into_body().collect().await;
+                    let (status, body) = match read {
+                        Ok(_) => (
+                            http::StatusCode::CREATED,
+                            Bytes::from_static(ANSWER.as_bytes()),
+                        ),
+                        Err(e) => (http::StatusCode::BAD_REQUEST, Bytes::from(e.to_string())),
+                    };
+                    let body = http_body_util::Full::new(body)
+                        .map_err(|never| match never {})
+                        .boxed_unsync();
+                    let mut resp = Response::new(body);
+                    *resp.status_mut() = status;
+                    resp.headers_mut().insert(
+                        http::header::CONTENT_TYPE,
+                        http::HeaderValue::from_static("application/json"),
+                    );
+                    return Ok::<_, std::convert::Infallible>(resp);
+                }
                 let mut parts = target.into_parts();
                 parts.path_and_query = req.uri().path_and_query().cloned();
                 *req.uri_mut() = Uri::from_parts(parts).expect("a path on an authority");
                 req.headers_mut().remove(http::header::HOST);
-                let resp = if driven {
+                let resp = if mode == Mode::Driven {
                     // A bare connection sends what it is given: the origin form, and a Host.
                     let host = http::HeaderValue::from_str(&upstream.to_string())
                         .expect("an address is a header value");

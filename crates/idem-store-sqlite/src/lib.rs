@@ -7,11 +7,14 @@
 //! queued up while the previous commit was being synced: many concurrent claims, one transaction,
 //! one fsync (group commit). Nothing waits for a timer; a lone claim commits at once.
 //!
-//! Reads (`get`, and the first look of every `claim`) run on reader threads with their own
-//! connections, grouped into read transactions as the writer groups commits, and never wait
-//! for the writer: in WAL mode readers see the last commit. A claim that finds a completed
-//! record with the same fingerprint is answered from that read alone, since completed records
-//! are immutable until they expire, so replays cost no fsync.
+//! Every `claim` goes to the writer, which tries the fresh key's row first and reads the row
+//! only when one exists, in the same transaction. A claim answered without a write (a
+//! replay, a lease in flight, another fingerprint) changes nothing, and replays are counted
+//! after the round under `synchronous=NORMAL`, so a replay costs no fsync. While another
+//! process holds the write lock, those claims are answered from a read instead of waiting.
+//! `get` runs on reader threads with their own connections, grouped into read transactions
+//! as the writer groups commits, and never waits for the writer: in WAL mode readers see the
+//! last commit. An operator's listing runs alone on tokio's blocking pool.
 //!
 //! # Several processes
 //! Several processes may open one file: each has its own writer, and SQLite's file lock

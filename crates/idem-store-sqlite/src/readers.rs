@@ -3,7 +3,7 @@
 //! A read must not run on an async worker: it can wait for a lock (another connection
 //! recovering the WAL after a crash), up to the busy timeout, or block in the kernel on a
 //! stalled file system, and a serving thread that blocks holds up every connection it serves.
-//! So point reads (`get`, and the first look of every `claim`) are queued to a few threads,
+//! So point reads (`get`) are queued to a few threads,
 //! each with its own connection. The thread whose turn it is blocks for the first queued
 //! read, takes every other read already queued (up to [`MAX_BATCH`]), hands the queue to the
 //! next thread and runs its batch in one read transaction, like the writer's group commit:
@@ -45,7 +45,7 @@ use crate::stopping::{join_until, lock};
 const MAX_BATCH: usize = 256;
 
 /// Reader threads: at least two, so that a read stuck on one thread (a slow disk) does not
-/// hold up every claim's first look; at most four, since a point read takes microseconds and
+/// hold up every point read; at most four, since a point read takes microseconds and
 /// the writer is the store's limit.
 fn thread_count() -> usize {
     std::thread::available_parallelism().map_or(2, |n| n.get().clamp(2, 4))

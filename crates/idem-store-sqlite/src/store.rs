@@ -9,27 +9,29 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use idem_core::{
-    AbandonedPolicy, Claim, ClaimRequest, Clock, FencingToken, Key, ListRecords, Listing, Record,
-    RecordFilter, RecordState, Resolution, Scope, Store, StoreError, StoredResponse, SystemClock,
-    Timestamp,
+    Claim, ClaimRequest, Clock, FencingToken, Key, ListRecords, Listing, Record, RecordFilter,
+    Resolution, Scope, Store, StoreError, StoredResponse, SystemClock, Timestamp,
 };
 use tokio::sync::oneshot;
 
 use crate::checkpoint::Checkpointer;
 use crate::readers::Readers;
 use crate::stopping::{join_until, lock};
-use crate::writer::{Cmd, Done, Job, ReplayTally, Stats, Writer};
+use crate::writer::{Cmd, Done, Job, Stats, Writer};
 use crate::{row, schema};
 
 /// Counters of the writer thread.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct WriterStats {
-    /// Transactions begun (committed or not).
+    /// Transactions begun (committed or not), and waits for the write lock that failed.
     pub transactions: u64,
-    /// Claims committed.
+    /// Claims committed by the writer, those it answered without a write included (a
+    /// replay, a lease in flight: their transaction changed nothing). Claims it answered
+    /// from a read while another process held the write lock are not in it.
     pub claims_committed: u64,
     /// Of those, claims committed while the connection was in `synchronous=FULL` (read back
-    /// from SQLite at each commit): must equal `claims_committed`.
+    /// from SQLite at each commit): must equal `claims_committed`. A commit that changed
+    /// nothing has nothing to sync.
     pub claims_fsynced: u64,
 }
 
@@ -87,7 +89,6 @@ struct Inner {
     tx: Mutex<Option<Sender<Job>>>,
     writer: Mutex<Option<JoinHandle<()>>>,
     stats: Arc<Stats>,
-    replays: ReplayTally,
     /// Dropping it stops the checkpointer.
     checkpointer: Mutex<Option<Checkpointer>>,
 }
@@ -148,13 +149,12 @@ impl SqliteStore {
         schema::prepare_writer(&mut conn, &path)?;
         let (tx, rx) = mpsc::channel();
         let stats = Arc::new(Stats::default());
-        let replays = ReplayTally::default();
         let writer = Writer::new(
             conn,
             path.clone(),
             options.clock.clone(),
             stats.clone(),
-            replays.clone(),
+            options.busy_timeout,
         );
         let handle = std::thread::Builder::new()
             .name("idem-sqlite-writer".into())
@@ -172,7 +172,6 @@ impl SqliteStore {
                 writer: Mutex::new(Some(handle)),
                 checkpointer: Mutex::new(Some(checkpointer)),
                 stats,
-                replays,
             }),
         })
     }
@@ -227,21 +226,6 @@ impl SqliteStore {
         )
     }
 
-    /// Tallies a replay; the first tally since the last flush asks the writer for one.
-    fn count_replay(&self, scope: Scope, key: Key, token: FencingToken) {
-        let first = {
-            let mut tally = self.inner.replays.lock().unwrap_or_else(|p| p.into_inner());
-            let first = tally.is_empty();
-            let n = tally.entry((scope, key, token)).or_insert(0);
-            *n = n.saturating_add(1);
-            first
-        };
-        // The counter is bookkeeping: a replay is served even if it is not counted.
-        if first && let Err(e) = self.send(Cmd::FlushReplays, None) {
-            tracing::warn!(error = %e, "replays not counted");
-        }
-    }
-
     fn writer_gone(&self) -> StoreError {
         StoreError::Unavailable(
             format!(
@@ -281,34 +265,11 @@ fn unexpected(done: Done) -> StoreError {
 }
 
 impl Store for SqliteStore {
-    /// Reads first: a completed record with the same fingerprint, a live lease, a reject-policy
-    /// abandoned record or another fingerprint is answered from the read, which was true at
-    /// the moment it was taken. Only a claim that may acquire goes to the writer, which decides
-    /// again inside its transaction.
+    /// Straight to the writer, which decides inside its transaction: most claims are of
+    /// fresh keys, and a read on a reader thread first cost them a second hand-off between
+    /// threads (docs/benchmarks.md, "Sixth pass: every claim to the writer"). Replays that
+    /// the engine's completed-record cache holds never reach the store.
     async fn claim(&self, req: ClaimRequest) -> Result<Claim, StoreError> {
-        let now = self.inner.clock.now();
-        if let Some(rec) = self
-            .read(&req.scope, &req.key)
-            .await?
-            .filter(|r| !r.is_expired(now))
-        {
-            if rec.fingerprint != req.fingerprint {
-                return Ok(Claim::Mismatch(rec));
-            }
-            match rec.state(now) {
-                RecordState::Completed => {
-                    let mut replayed = rec;
-                    replayed.replays = replayed.replays.saturating_add(1);
-                    self.count_replay(req.scope, req.key, replayed.token);
-                    return Ok(Claim::Completed(replayed));
-                }
-                RecordState::InFlight => return Ok(Claim::InFlight(rec)),
-                RecordState::Abandoned if req.on_abandoned == AbandonedPolicy::Reject => {
-                    return Ok(Claim::Abandoned(rec));
-                }
-                RecordState::Abandoned => {}
-            }
-        }
         match self.write(Cmd::Claim(req)).await? {
             Done::Claim(c) => Ok(c),
             other => Err(unexpected(other)),

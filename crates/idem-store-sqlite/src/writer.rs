@@ -16,12 +16,22 @@
 //! failed. A claim acquired for a caller that left while its transaction ran is released right
 //! after the commit. Completions, releases and extensions are applied whoever waits: they only
 //! settle or keep a record its executor holds.
+//!
+//! Every claim comes here, replays too: a claim of a fresh key, the common case, costs one
+//! hand-off between threads instead of a read on a reader thread first. A claim answered
+//! without a write (a replay, a lease in flight, another fingerprint, an abandoned record
+//! under `reject`) changes nothing in its transaction, so a batch of those commits with
+//! nothing to sync; replays are counted after the round, under `synchronous=NORMAL`. When
+//! another connection (another process's writer) holds the write lock, the batch does not
+//! wait for it first: the claims a read can answer that way are answered from one read
+//! transaction, as a reader thread would, and only the rest wait for the lock
+//! ([`Writer::answer_from_read`]).
 
 use std::collections::HashMap;
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::Receiver;
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use idem_core::machine::{self, Write};
@@ -29,7 +39,7 @@ use idem_core::{
     Claim, ClaimRequest, Clock, FencingToken, Key, Record, Resolution, Scope, StoreError,
     StoredResponse, Timestamp,
 };
-use rusqlite::{Connection, TransactionBehavior};
+use rusqlite::{Connection, Transaction, TransactionBehavior};
 use tokio::sync::oneshot;
 
 use crate::queue::take_queued;
@@ -67,15 +77,14 @@ pub(crate) enum Cmd {
     Purge {
         limit: usize,
     },
-    /// Replays answered from reads are tallied in [`ReplayTally`]; this writes the tally.
-    /// Nobody waits for it.
-    FlushReplays,
 }
 
-/// Replays answered from reads since the last flush, by record. Counting them one commit each
-/// would make a replay storm a write storm; they are added up here and written in one
-/// statement per record whenever the writer gets to the flush.
-pub(crate) type ReplayTally = Arc<Mutex<HashMap<(Scope, Key, FencingToken), u32>>>;
+/// Replays answered in a round, by record. A replay must cost no durable write
+/// ([design §9](docs/design.md#9-performance-shape)): counted in the claims' transaction, it
+/// would make a batch of replays one to fsync. They are added up here and written after the
+/// round, one statement per record, under `synchronous=NORMAL` (no fsync of its own, but
+/// for the WAL's header when that commit restarts the WAL).
+type ReplayTally = HashMap<(Scope, Key, FencingToken), u32>;
 
 impl Cmd {
     /// Whether the answer must wait for an fsync.
@@ -98,15 +107,16 @@ impl Writer {
         path: PathBuf,
         clock: Arc<dyn Clock>,
         stats: Arc<Stats>,
-        replays: ReplayTally,
+        busy_timeout: Duration,
     ) -> Self {
         Writer {
             conn,
             path,
             clock,
             sync: None,
+            busy_timeout,
             stats,
-            replays,
+            replays: ReplayTally::new(),
         }
     }
 }
@@ -120,7 +130,6 @@ pub(crate) enum Done {
     Extended(Timestamp),
     Resolved(Option<Record>),
     Purged(usize),
-    Counted,
 }
 
 pub(crate) type Reply = Option<oneshot::Sender<Result<Done, StoreError>>>;
@@ -148,6 +157,8 @@ pub(crate) struct Writer {
     clock: Arc<dyn Clock>,
     /// The `synchronous` mode the connection is in, if known.
     sync: Option<Sync>,
+    /// How long a transaction waits for another connection's write lock.
+    busy_timeout: Duration,
     stats: Arc<Stats>,
     replays: ReplayTally,
 }
@@ -176,7 +187,8 @@ impl Writer {
     /// Each round takes what is queued and commits it in at most two transactions: first the
     /// writes that need no fsync (see [`Cmd::needs_fsync`]), answered as soon as they are
     /// committed and visible; then the claims and resolutions, answered after the fsync. An
-    /// executor so waits for one fsync per execution (its claim), not two.
+    /// executor so waits for one fsync per execution (its claim), not two. The round's
+    /// replays are counted last.
     pub(crate) fn run(mut self, rx: Receiver<Job>) {
         while let Ok(first) = rx.recv() {
             let mut batch = vec![first];
@@ -192,6 +204,65 @@ impl Writer {
             if !durable.is_empty() {
                 self.commit_batch(durable, Sync::Full);
             }
+            if !self.replays.is_empty() {
+                self.count_replays(false);
+            }
+        }
+        if !self.replays.is_empty() {
+            self.count_replays(true);
+        }
+    }
+
+    /// Writes the replays tallied this round. Bookkeeping: a replay was answered whether or
+    /// not it is counted, so a failure is logged and the tally dropped.
+    ///
+    /// Without `wait`, a write lock held by another connection keeps the tally for the next
+    /// round rather than holding the writer up for a count; the last round waits.
+    fn count_replays(&mut self, wait: bool) {
+        let tally = std::mem::take(&mut self.replays);
+        let written = self.set_sync(Sync::Normal).and_then(|()| {
+            let Some(tx) = self.begin(wait)? else {
+                return Ok(false);
+            };
+            for ((scope, key, token), n) in &tally {
+                row::count_replays(&tx, scope, key, *token, *n)?;
+            }
+            tx.commit().map(|()| true)
+        });
+        match written {
+            Ok(true) => {}
+            Ok(false) => {
+                for (id, n) in tally {
+                    let kept = self.replays.entry(id).or_insert(0);
+                    *kept = kept.saturating_add(n);
+                }
+            }
+            Err(e) => tracing::warn!(error = %e, replays = tally.len(), "replays not counted"),
+        }
+    }
+
+    /// `BEGIN IMMEDIATE`, waiting up to the busy timeout for another connection's write lock;
+    /// without `wait`, `None` at once when that lock is taken. Counted in
+    /// [`Stats::transactions`] when it waits or begins.
+    ///
+    /// The transaction is begun on a shared borrow (`new_unchecked`: the writer never opens
+    /// one inside another), so the busy timeout can be put back whichever way it went.
+    fn begin(&self, wait: bool) -> rusqlite::Result<Option<Transaction<'_>>> {
+        if wait {
+            self.stats.transactions.fetch_add(1, Ordering::Relaxed);
+            return Transaction::new_unchecked(&self.conn, TransactionBehavior::Immediate)
+                .map(Some);
+        }
+        self.conn.busy_timeout(Duration::ZERO)?;
+        let begun = Transaction::new_unchecked(&self.conn, TransactionBehavior::Immediate);
+        self.conn.busy_timeout(self.busy_timeout)?;
+        match begun {
+            Ok(tx) => {
+                self.stats.transactions.fetch_add(1, Ordering::Relaxed);
+                Ok(Some(tx))
+            }
+            Err(e) if e.sqlite_error_code() == Some(rusqlite::ErrorCode::DatabaseBusy) => Ok(None),
+            Err(e) => Err(e),
         }
     }
 
@@ -214,11 +285,27 @@ impl Writer {
         if batch.is_empty() {
             return;
         }
-        let (cmds, replies): (Vec<Cmd>, Vec<Reply>) =
+        let (mut cmds, mut replies): (Vec<Cmd>, Vec<Reply>) =
             batch.into_iter().map(|j| (j.cmd, j.reply)).unzip();
         // A claim must never be answered from a commit that was not fsynced: if the mode
-        // cannot be set, the whole batch fails, closed.
-        let outcomes = match self.set_sync(sync).and_then(|()| self.transact(&cmds)) {
+        // cannot be set, the whole batch fails, closed. Claims first try for the lock without
+        // waiting: see `answer_from_read`.
+        let mut first = self.set_sync(sync).and_then(|()| {
+            if sync == Sync::Full {
+                self.try_transact(&cmds)
+            } else {
+                self.transact(&cmds).map(Some)
+            }
+        });
+        if let Ok(None) = first {
+            (cmds, replies) = self.answer_from_read(cmds, replies);
+            if cmds.is_empty() {
+                return;
+            }
+            first = self.transact(&cmds).map(Some);
+        }
+        let first = first.map(Option::unwrap_or_default);
+        let outcomes = match first {
             Ok(outcomes) => outcomes,
             // Retrying one by one helps only when one command broke the batch; when the file
             // is locked, full or failing, every retry would fail the same way, each after its
@@ -245,6 +332,9 @@ impl Writer {
         let mut orphans = Vec::new();
         for ((cmd, reply), outcome) in cmds.into_iter().zip(replies).zip(outcomes) {
             let Some(reply) = reply else { continue };
+            if let Ok(Done::Claim(Claim::Completed(replayed))) = &outcome {
+                self.tally(replayed);
+            }
             if let Err(Ok(Done::Claim(Claim::Acquired(lease)))) = reply.send(outcome) {
                 // The caller dropped its claim before hearing it was acquired: nobody will
                 // execute, so the key is released rather than left to become abandoned.
@@ -264,22 +354,99 @@ impl Writer {
         }
     }
 
-    /// Applies `cmds` in one transaction. `Err` means the transaction was rolled back.
+    fn tally(&mut self, replayed: &Record) {
+        let id = (replayed.scope.clone(), replayed.key.clone(), replayed.token);
+        let n = self.replays.entry(id).or_insert(0);
+        *n = n.saturating_add(1);
+    }
+
+    /// Another connection holds the write lock: answers, from one read transaction, the
+    /// claims whose answer writes nothing (a replay, a lease in flight, another fingerprint, an
+    /// abandoned record under `reject`), as a reader thread would, and returns the commands
+    /// left to wait for the lock. Without it, every replay and every waiting duplicate's poll
+    /// would queue behind the other process's commits (a review measured replays' p99 at
+    /// 100 – 430 ms, and answers at the bound, with five stores on one file).
+    ///
+    /// A read sees only committed rows, so what it answers was true when it was taken, as a
+    /// reader's answer was. A claim that would write (a fresh key, a takeover, an expired
+    /// row), or whose row cannot be read, stays for the writer, which decides again under
+    /// the lock.
+    fn answer_from_read(&mut self, cmds: Vec<Cmd>, replies: Vec<Reply>) -> (Vec<Cmd>, Vec<Reply>) {
+        let mut answered = Vec::new();
+        let mut left = (Vec::new(), Vec::new());
+        if let Ok(tx) = self.conn.transaction() {
+            let now = self.clock.now();
+            for (cmd, reply) in cmds.into_iter().zip(replies) {
+                let settled = match &cmd {
+                    Cmd::Claim(req) => match row::select(&tx, &req.scope, &req.key) {
+                        Ok(Ok(Some(rec))) => {
+                            match machine::claim(Some(&rec), req, now, FencingToken::random()) {
+                                (claim, Write::Nothing | Write::CountReplay) => Some(claim),
+                                _ => None,
+                            }
+                        }
+                        _ => None,
+                    },
+                    _ => None,
+                };
+                match settled {
+                    Some(claim) => answered.push((claim, reply)),
+                    None => {
+                        left.0.push(cmd);
+                        left.1.push(reply);
+                    }
+                }
+            }
+            // The snapshot ends before anyone hears from it, as on the reader threads.
+            let _ = tx.finish();
+        } else {
+            left = (cmds, replies);
+        }
+        for (claim, reply) in answered {
+            if let Claim::Completed(replayed) = &claim {
+                self.tally(replayed);
+            }
+            if let Some(reply) = reply {
+                let _ = reply.send(Ok(Done::Claim(claim)));
+            }
+        }
+        left
+    }
+
+    /// Applies `cmds` in one transaction, waiting for the write lock up to the busy timeout.
+    /// `Err` means the transaction was rolled back.
     fn transact(&mut self, cmds: &[Cmd]) -> rusqlite::Result<Vec<Result<Done, StoreError>>> {
-        self.stats.transactions.fetch_add(1, Ordering::Relaxed);
+        self.transact_with(cmds, true)
+            .map(Option::unwrap_or_default)
+    }
+
+    /// As [`Writer::transact`], but `None` at once, with nothing done, when another
+    /// connection holds the write lock.
+    fn try_transact(
+        &mut self,
+        cmds: &[Cmd],
+    ) -> rusqlite::Result<Option<Vec<Result<Done, StoreError>>>> {
+        self.transact_with(cmds, false)
+    }
+
+    fn transact_with(
+        &mut self,
+        cmds: &[Cmd],
+        wait: bool,
+    ) -> rusqlite::Result<Option<Vec<Result<Done, StoreError>>>> {
         // What the connection will really do at commit, read back rather than assumed.
         let synchronous: i64 = self
             .conn
             .pragma_query_value(None, "synchronous", |r| r.get(0))?;
-        let tx = self
-            .conn
-            .transaction_with_behavior(TransactionBehavior::Immediate)?;
+        let Some(tx) = self.begin(wait)? else {
+            return Ok(None);
+        };
         // The time is read once the lock is held: BEGIN IMMEDIATE may have waited for another
         // process, and a lease granted from a time read before the wait could already be over.
         let now = self.clock.now();
         let mut outcomes = Vec::with_capacity(cmds.len());
         for cmd in cmds {
-            outcomes.push(apply(&tx, cmd, now, &self.replays)?);
+            outcomes.push(apply(&tx, cmd, now)?);
         }
         tx.commit()?;
         let claims = cmds.iter().filter(|c| matches!(c, Cmd::Claim(_))).count() as u64;
@@ -292,7 +459,7 @@ impl Writer {
                 .claims_fsynced
                 .fetch_add(claims, Ordering::Relaxed);
         }
-        Ok(outcomes)
+        Ok(Some(outcomes))
     }
 
     fn unavailable_ref(&self, e: &rusqlite::Error) -> StoreError {
@@ -329,23 +496,16 @@ fn apply(
     conn: &Connection,
     cmd: &Cmd,
     now: Timestamp,
-    replays: &ReplayTally,
 ) -> rusqlite::Result<Result<Done, StoreError>> {
     match cmd {
         Cmd::Purge { limit } => Ok(Ok(Done::Purged(row::purge(conn, now, *limit)?))),
-        Cmd::FlushReplays => {
-            let tally = std::mem::take(&mut *replays.lock().unwrap_or_else(|p| p.into_inner()));
-            for ((scope, key, token), n) in tally {
-                row::count_replays(conn, &scope, &key, token, n)?;
-            }
-            Ok(Ok(Done::Counted))
-        }
         Cmd::Claim(req) => {
             let token = FencingToken::random();
-            // Most claims that reach the writer are of keys never seen (the readers answered
-            // the others): the machine's answer to "no record" is written by one statement
-            // that does nothing if a row exists, and only then is the row read and decided on.
-            // The same transaction holds both, so nothing can come between them.
+            // Most claims are of keys never seen (a replay the engine's completed-record
+            // cache holds never reaches the store): the machine's answer to "no record" is
+            // written by one statement that does nothing if a row exists, and only then is
+            // the row read and decided on. The same transaction holds both, so nothing can
+            // come between them.
             if let (claim, Write::Put(fresh)) = machine::claim(None, req, now, token)
                 && row::insert_new(conn, &fresh)?
             {
@@ -404,14 +564,125 @@ fn on_record(
         Err(refusal) => return Ok(Err(refusal)),
     };
     match write {
-        Write::Nothing => {}
+        // A replay is counted after the round, from its answer (`Writer::count_replays`).
+        Write::Nothing | Write::CountReplay => {}
         Write::Put(rec) => row::upsert(conn, &rec)?,
         Write::Delete => row::delete(conn, scope, key)?,
-        Write::CountReplay => {
-            if let Some(r) = &existing {
-                row::count_replays(conn, scope, key, r.token, 1)?;
-            }
-        }
     }
     Ok(Ok(done))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use idem_core::{AbandonedPolicy, Fingerprint, SystemClock};
+
+    fn req(k: &str, body: &[u8]) -> ClaimRequest {
+        ClaimRequest {
+            scope: Scope::anonymous(),
+            key: Key::new(k).expect("test key"),
+            fingerprint: Fingerprint::http("POST", "/x", None, body),
+            lease: Duration::from_secs(30),
+            retention: Duration::from_secs(3600),
+            on_abandoned: AbandonedPolicy::Reject,
+        }
+    }
+
+    type Answer = oneshot::Receiver<Result<Done, StoreError>>;
+
+    fn job(cmd: Cmd) -> (Job, Answer) {
+        let (reply, answer) = oneshot::channel();
+        (
+            Job {
+                cmd,
+                reply: Some(reply),
+            },
+            answer,
+        )
+    }
+
+    fn claimed(mut answer: Answer) -> Claim {
+        match answer.try_recv() {
+            Ok(Ok(Done::Claim(c))) => c,
+            other => panic!("expected a claim's answer, got {other:?}"),
+        }
+    }
+
+    /// Replays, a waiting duplicate's poll and a mismatch change nothing in the claims'
+    /// `synchronous=FULL` transaction (a commit that changed nothing writes no WAL frame, so
+    /// it syncs nothing): the replays are counted afterwards, once each, under `NORMAL`.
+    #[test]
+    fn a_batch_of_replays_changes_nothing_in_the_claims_transaction() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("idem.db");
+        let mut conn = schema::connect(&path, Duration::from_secs(5)).unwrap();
+        schema::prepare_writer(&mut conn, &path).unwrap();
+        let mut w = Writer::new(
+            conn,
+            path,
+            Arc::new(SystemClock),
+            Arc::new(Stats::default()),
+            Duration::from_secs(5),
+        );
+
+        let (j, a) = job(Cmd::Claim(req("done", b"")));
+        w.commit_batch(vec![j], Sync::Full);
+        let Claim::Acquired(lease) = claimed(a) else {
+            panic!("a fresh key is acquired")
+        };
+        let (j, a) = job(Cmd::Complete {
+            scope: Scope::anonymous(),
+            key: Key::new("done").unwrap(),
+            token: lease.token,
+            response: StoredResponse::new(200, "ok"),
+        });
+        w.commit_batch(vec![j], Sync::Normal);
+        assert!(matches!(a.blocking_recv(), Ok(Ok(Done::Record(_)))));
+        let (j, a) = job(Cmd::Claim(req("held", b"")));
+        w.commit_batch(vec![j], Sync::Full);
+        assert!(matches!(claimed(a), Claim::Acquired(_)));
+
+        let mut jobs = Vec::new();
+        let mut answers = Vec::new();
+        for r in [
+            req("done", b""),
+            req("done", b""),
+            req("done", b""),
+            req("held", b""),      // a waiting duplicate's poll
+            req("done", b"other"), // another fingerprint
+        ] {
+            let (j, a) = job(Cmd::Claim(r));
+            jobs.push(j);
+            answers.push(a);
+        }
+        let changes = w.conn.total_changes();
+        w.commit_batch(jobs, Sync::Full);
+        assert_eq!(
+            w.conn.total_changes(),
+            changes,
+            "a claim that found a record wrote in the claims' transaction, which makes it one to fsync"
+        );
+        let got: Vec<Claim> = answers.into_iter().map(claimed).collect();
+        assert!(
+            matches!(
+                got.as_slice(),
+                [
+                    Claim::Completed(_),
+                    Claim::Completed(_),
+                    Claim::Completed(_),
+                    Claim::InFlight(_),
+                    Claim::Mismatch(_)
+                ]
+            ),
+            "{got:?}"
+        );
+        assert_eq!(w.replays.values().sum::<u32>(), 3, "{:?}", w.replays);
+        w.count_replays(true);
+        assert!(w.replays.is_empty());
+        let rec = row::select(&w.conn, &Scope::anonymous(), &Key::new("done").unwrap())
+            .unwrap()
+            .unwrap()
+            .unwrap();
+        assert_eq!(rec.replays, 3);
+    }
 }

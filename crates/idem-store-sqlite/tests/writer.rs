@@ -1,13 +1,15 @@
 //! The writer's promises that only SQLite has: every claim is committed under an fsync; the
 //! time of a decision is read after the file lock is taken; a locked file fails a batch once,
 //! not once per command; a claim whose caller went away is released; a stalled writer answers
-//! at the operation timeout.
+//! at the operation timeout; replays in a batch retried one by one are counted once; and
+//! another process's write lock does not hold up the claims a read can answer.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use idem_core::{
-    AbandonedPolicy, Claim, ClaimRequest, Fingerprint, Key, Scope, Store, SystemClock,
+    AbandonedPolicy, Claim, ClaimRequest, Fingerprint, Key, Scope, Store, StoredResponse,
+    SystemClock,
 };
 use idem_store_sqlite::testing::{WriteLock, open_bounded};
 use idem_store_sqlite::{SqliteOptions, SqliteStore};
@@ -23,6 +25,33 @@ fn req(k: &str, lease: Duration, on_abandoned: AbandonedPolicy) -> ClaimRequest 
     }
 }
 
+/// Claims `k` and completes it with a 200: a record that replays find.
+async fn completed(store: &SqliteStore, k: &str) -> (Scope, Key) {
+    let r = req(k, Duration::from_secs(30), AbandonedPolicy::Reject);
+    let (scope, key) = (r.scope.clone(), r.key.clone());
+    let Ok(Claim::Acquired(l)) = store.claim(r).await else {
+        panic!("{k}: a fresh key is acquired");
+    };
+    store
+        .complete(&scope, &key, l.token, StoredResponse::new(200, "ok"))
+        .await
+        .unwrap_or_else(|e| panic!("{k}: {e}"));
+    (scope, key)
+}
+
+/// A claim of `k` in a task of its own.
+fn spawn_claim(
+    store: &SqliteStore,
+    k: &'static str,
+) -> tokio::task::JoinHandle<Result<Claim, idem_core::StoreError>> {
+    let store = store.clone();
+    tokio::spawn(async move {
+        store
+            .claim(req(k, Duration::from_secs(30), AbandonedPolicy::Reject))
+            .await
+    })
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_claim_is_committed_under_fsync() {
     let dir = tempfile::tempdir().unwrap();
@@ -30,27 +59,8 @@ async fn every_claim_is_committed_under_fsync() {
     let tasks: Vec<_> = (0..200)
         .map(|i| {
             let store = store.clone();
-            tokio::spawn(async move {
-                let r = req(
-                    &format!("k{i}"),
-                    Duration::from_secs(30),
-                    AbandonedPolicy::Reject,
-                );
-                let (scope, key) = (r.scope.clone(), r.key.clone());
-                let Ok(Claim::Acquired(l)) = store.claim(r).await else {
-                    panic!("claim {i}");
-                };
-                // Completions are committed without fsync; they must not drag claims along.
-                store
-                    .complete(
-                        &scope,
-                        &key,
-                        l.token,
-                        idem_core::StoredResponse::new(200, "ok"),
-                    )
-                    .await
-                    .unwrap();
-            })
+            // Completions are committed without fsync; they must not drag claims along.
+            tokio::spawn(async move { completed(&store, &format!("k{i}")).await })
         })
         .collect();
     for t in tasks {
@@ -195,14 +205,7 @@ async fn a_stalled_writer_answers_unavailable_at_the_bound_and_grants_nobody() {
     // claim would wait all of it.
     let store = open_bounded(&path).unwrap();
     let lock = WriteLock::hold(&path).unwrap();
-    let claim = |k: &'static str| {
-        let store = store.clone();
-        tokio::spawn(async move {
-            store
-                .claim(req(k, Duration::from_secs(30), AbandonedPolicy::Reject))
-                .await
-        })
-    };
+    let claim = |k: &'static str| spawn_claim(&store, k);
     // "a" is taken into a batch and waits on the lock; "b" queues behind it.
     let a = claim("a");
     tokio::time::sleep(Duration::from_millis(100)).await;
@@ -236,4 +239,109 @@ async fn a_stalled_writer_answers_unavailable_at_the_bound_and_grants_nobody() {
             "{k}: {again:?}"
         );
     }
+}
+
+/// Replays in a batch that one bad command rolls back are answered by the one-by-one retry and
+/// counted once each: from their final answers, not from the attempt that was rolled back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replays_in_a_batch_retried_one_by_one_are_counted_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("idem.db");
+    let store = SqliteStore::open(&path).unwrap();
+    let (scope, key) = completed(&store, "done").await;
+    // A command that fails on its own (a constraint), to roll back the batch it is in.
+    rusqlite::Connection::open(&path)
+        .unwrap()
+        .execute_batch(
+            "CREATE TRIGGER no_bad BEFORE INSERT ON idem_records WHEN NEW.key = 'bad' \
+             BEGIN SELECT RAISE(ABORT, 'bad key'); END;",
+        )
+        .unwrap();
+    let before = store.writer_stats().transactions;
+    let lock = WriteLock::hold(&path).unwrap();
+    let claim = |k: &'static str| spawn_claim(&store, k);
+    // "first" is taken into a batch that waits on the lock; the rest queue into the next one.
+    let first = claim("first");
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let replays: Vec<_> = (0..5).map(|_| claim("done")).collect();
+    let bad = claim("bad");
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    drop(lock);
+    assert!(matches!(first.await.unwrap(), Ok(Claim::Acquired(_))));
+    for r in replays {
+        let got = r.await.unwrap();
+        assert!(matches!(got, Ok(Claim::Completed(_))), "{got:?}");
+    }
+    let got = bad.await.unwrap();
+    assert!(matches!(got, Err(ref e) if e.is_unavailable()), "{got:?}");
+    assert!(
+        store.writer_stats().transactions - before >= 8,
+        "the batch was not retried one by one: {:?}",
+        store.writer_stats()
+    );
+    // Counted after the round; give the writer a moment, then the count must be exact.
+    let mut replays = 0;
+    for _ in 0..100 {
+        replays = store.get(&scope, &key).await.unwrap().unwrap().replays;
+        if replays >= 5 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let settled = store.get(&scope, &key).await.unwrap().unwrap().replays;
+    assert_eq!((replays, settled), (5, 5), "each replay counted once");
+}
+
+/// Another process's writer holding the write lock does not hold up what a read can answer:
+/// replays, a lease in flight and another fingerprint are answered while the lock stays taken
+/// (each would otherwise wait out the busy timeout and fail), a fresh key waits for the lock,
+/// and the replays are counted once the lock is free.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_write_lock_held_elsewhere_does_not_hold_up_what_a_read_answers() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("idem.db");
+    let options = SqliteOptions {
+        clock: Arc::new(SystemClock),
+        busy_timeout: Duration::from_secs(3),
+        op_timeout: Duration::from_secs(30),
+    };
+    let store = SqliteStore::open_with(&path, options).unwrap();
+    let claim = |k: &str| req(k, Duration::from_secs(30), AbandonedPolicy::Reject);
+    let (scope, key) = completed(&store, "done").await;
+    assert!(matches!(
+        store.claim(claim("held")).await,
+        Ok(Claim::Acquired(_))
+    ));
+
+    let lock = WriteLock::hold(&path).unwrap();
+    for _ in 0..3 {
+        let got = store.claim(claim("done")).await;
+        assert!(matches!(got, Ok(Claim::Completed(_))), "{got:?}");
+    }
+    let got = store.claim(claim("held")).await;
+    assert!(matches!(got, Ok(Claim::InFlight(_))), "{got:?}");
+    let mut other = claim("done");
+    other.fingerprint = Fingerprint::from_bytes([9; 32]);
+    let got = store.claim(other).await;
+    assert!(matches!(got, Ok(Claim::Mismatch(_))), "{got:?}");
+    // A fresh key must write: it waits for the lock, which outlasts the busy timeout.
+    let got = store.claim(claim("fresh")).await;
+    assert!(matches!(got, Err(ref e) if e.is_unavailable()), "{got:?}");
+    drop(lock);
+
+    // The next round writes the replays kept while the lock was taken.
+    assert!(matches!(
+        store.claim(claim("after")).await,
+        Ok(Claim::Acquired(_))
+    ));
+    let mut replays = 0;
+    for _ in 0..100 {
+        replays = store.get(&scope, &key).await.unwrap().unwrap().replays;
+        if replays >= 3 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(replays, 3);
 }
