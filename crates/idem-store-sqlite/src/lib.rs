@@ -7,12 +7,11 @@
 //! queued up while the previous commit was being synced: many concurrent claims, one transaction,
 //! one fsync (group commit). Nothing waits for a timer; a lone claim commits at once.
 //!
-//! Every `claim` goes to the writer, which tries the fresh key's row first and reads the row
-//! only when one exists, in the same transaction. A claim answered without a write (a
-//! replay, a lease in flight, another fingerprint) changes nothing, and replays are counted
-//! after the round under `synchronous=NORMAL`, so a replay costs no fsync. While another
-//! process holds the write lock, those claims are answered from a read instead of waiting.
-//! `get` runs on reader threads with their own connections, grouped into read transactions
+//! Every `claim` goes to the writer thread. It reads the batch's claims first, without the
+//! write lock, and answers those a read settles (a replay, a lease in flight, another
+//! fingerprint): replays never take the file's write lock and cost no fsync (their counts are
+//! written every 250 ms under `synchronous=NORMAL`). The rest, nearly always fresh keys, are
+//! written under the lock, where the claim decides again. `get` runs on reader threads with their own connections, grouped into read transactions
 //! as the writer groups commits, and never waits for the writer: in WAL mode readers see the
 //! last commit. An operator's listing runs alone on tokio's blocking pool.
 //!

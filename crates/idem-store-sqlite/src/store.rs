@@ -25,9 +25,8 @@ use crate::{row, schema};
 pub struct WriterStats {
     /// Transactions begun (committed or not), and waits for the write lock that failed.
     pub transactions: u64,
-    /// Claims committed by the writer, those it answered without a write included (a
-    /// replay, a lease in flight: their transaction changed nothing). Claims it answered
-    /// from a read while another process held the write lock are not in it.
+    /// Claims committed by the writer. Claims it answered from its read without a write (a
+    /// replay, a lease in flight, another fingerprint) are not in it.
     pub claims_committed: u64,
     /// Of those, claims committed while the connection was in `synchronous=FULL` (read back
     /// from SQLite at each commit): must equal `claims_committed`. A commit that changed
@@ -265,10 +264,11 @@ fn unexpected(done: Done) -> StoreError {
 }
 
 impl Store for SqliteStore {
-    /// Straight to the writer, which decides inside its transaction: most claims are of
-    /// fresh keys, and a read on a reader thread first cost them a second hand-off between
-    /// threads (docs/benchmarks.md, "Sixth pass: every claim to the writer"). Replays that
-    /// the engine's completed-record cache holds never reach the store.
+    /// Straight to the writer thread, which reads first and writes only what needs a write
+    /// ([`crate::writer`]): most claims are of fresh keys, and a read on a reader thread
+    /// first cost them a second hand-off between threads (docs/benchmarks.md, "Sixth pass:
+    /// every claim to the writer"). Replays that the engine's completed-record cache holds
+    /// never reach the store.
     async fn claim(&self, req: ClaimRequest) -> Result<Claim, StoreError> {
         match self.write(Cmd::Claim(req)).await? {
             Done::Claim(c) => Ok(c),

@@ -18,21 +18,20 @@
 //! settle or keep a record its executor holds.
 //!
 //! Every claim comes here, replays too: a claim of a fresh key, the common case, costs one
-//! hand-off between threads instead of a read on a reader thread first. A claim answered
-//! without a write (a replay, a lease in flight, another fingerprint, an abandoned record
-//! under `reject`) changes nothing in its transaction, so a batch of those commits with
-//! nothing to sync; replays are counted after the round, under `synchronous=NORMAL`. When
-//! another connection (another process's writer) holds the write lock, the batch does not
-//! wait for it first: the claims a read can answer that way are answered from one read
-//! transaction, as a reader thread would, and only the rest wait for the lock
-//! ([`Writer::answer_from_read`]).
+//! hand-off between threads, where a read on a reader thread first cost two. The writer
+//! first reads the batch's claims without the write lock, in one read transaction, and
+//! answers those whose answer needs no write (a replay, a lease in flight, another
+//! fingerprint, an abandoned record under `reject`), as a reader thread would; only the rest
+//! take the lock ([`Writer::answer_from_read`]). So replays and polls never take the file's
+//! write lock, which other processes' writers wait for. Replays are counted at most every
+//! [`COUNT_EVERY`], under `synchronous=NORMAL`.
 
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::mpsc::Receiver;
-use std::time::Duration;
+use std::sync::mpsc::{Receiver, RecvTimeoutError};
+use std::time::{Duration, Instant};
 
 use idem_core::machine::{self, Write};
 use idem_core::{
@@ -47,6 +46,13 @@ use crate::{row, schema};
 
 /// Most commands in one transaction; bounds how long one commit holds the file lock.
 pub(crate) const MAX_BATCH: usize = 512;
+
+/// How often the replays answered meanwhile are written. Each write takes the file's write
+/// lock and adds to the WAL: once per round, a process answering replays took the lock as
+/// often as one claiming keys, and starved the other processes' claims (`examples/contention.rs`:
+/// a claiming process beside four replaying ones at 150 – 160 claims/s instead of 9,000 –
+/// 12,000, with a WAL of 660 – 790 MB in 5 s).
+const COUNT_EVERY: Duration = Duration::from_millis(250);
 
 /// A write to apply.
 #[derive(Debug)]
@@ -79,11 +85,9 @@ pub(crate) enum Cmd {
     },
 }
 
-/// Replays answered in a round, by record. A replay must cost no durable write
-/// ([design §9](docs/design.md#9-performance-shape)): counted in the claims' transaction, it
-/// would make a batch of replays one to fsync. They are added up here and written after the
-/// round, one statement per record, under `synchronous=NORMAL` (no fsync of its own, but
-/// for the WAL's header when that commit restarts the WAL).
+/// Replays answered since the last count, by record. A replay must cost no durable write
+/// ([design §9](docs/design.md#9-performance-shape)): they are added up here and written
+/// every [`COUNT_EVERY`], one statement per record, under `synchronous=NORMAL`.
 type ReplayTally = HashMap<(Scope, Key, FencingToken), u32>;
 
 impl Cmd {
@@ -91,7 +95,7 @@ impl Cmd {
     ///
     /// A claim must be durable before the side effect runs
     /// ([design §9](docs/design.md#9-performance-shape)), and an operator's resolution is a
-    /// decision someone waits to see stick. A completion, release, extension, purge or replay count
+    /// decision someone waits to see stick. A completion, release, extension or purge
     /// is committed and visible before it is answered, but may be lost in a power failure before
     /// the next fsync; the record then stays in flight and its lease runs out into `abandoned`
     /// ([design §6](docs/design.md#6-a-store-failure-fails-closed)), so nothing executes twice.
@@ -187,10 +191,27 @@ impl Writer {
     /// Each round takes what is queued and commits it in at most two transactions: first the
     /// writes that need no fsync (see [`Cmd::needs_fsync`]), answered as soon as they are
     /// committed and visible; then the claims and resolutions, answered after the fsync. An
-    /// executor so waits for one fsync per execution (its claim), not two. The round's
-    /// replays are counted last.
+    /// executor so waits for one fsync per execution (its claim), not two. Replays are
+    /// counted every [`COUNT_EVERY`] while there are some, and once more at the end.
     pub(crate) fn run(mut self, rx: Receiver<Job>) {
-        while let Ok(first) = rx.recv() {
+        let mut counted = Instant::now();
+        loop {
+            let first = if self.replays.is_empty() {
+                match rx.recv() {
+                    Ok(job) => job,
+                    Err(_) => break,
+                }
+            } else {
+                match rx.recv_timeout(COUNT_EVERY.saturating_sub(counted.elapsed())) {
+                    Ok(job) => job,
+                    Err(RecvTimeoutError::Timeout) => {
+                        self.count_replays(false);
+                        counted = Instant::now();
+                        continue;
+                    }
+                    Err(RecvTimeoutError::Disconnected) => break,
+                }
+            };
             let mut batch = vec![first];
             take_queued(&rx, &mut batch, MAX_BATCH);
             let (mut durable, fast): (Vec<Job>, Vec<Job>) =
@@ -204,8 +225,9 @@ impl Writer {
             if !durable.is_empty() {
                 self.commit_batch(durable, Sync::Full);
             }
-            if !self.replays.is_empty() {
+            if !self.replays.is_empty() && counted.elapsed() >= COUNT_EVERY {
                 self.count_replays(false);
+                counted = Instant::now();
             }
         }
         if !self.replays.is_empty() {
@@ -213,15 +235,20 @@ impl Writer {
         }
     }
 
-    /// Writes the replays tallied this round. Bookkeeping: a replay was answered whether or
-    /// not it is counted, so a failure is logged and the tally dropped.
+    /// Writes the replays tallied since the last count. Bookkeeping: a replay was answered
+    /// whether or not it is counted, so a failure is logged and the tally dropped.
     ///
     /// Without `wait`, a write lock held by another connection keeps the tally for the next
-    /// round rather than holding the writer up for a count; the last round waits.
+    /// count rather than holding the writer up for one; the last count waits.
     fn count_replays(&mut self, wait: bool) {
         let tally = std::mem::take(&mut self.replays);
         let written = self.set_sync(Sync::Normal).and_then(|()| {
-            let Some(tx) = self.begin(wait)? else {
+            let tx = if wait {
+                Some(self.begin()?)
+            } else {
+                self.try_begin()?
+            };
+            let Some(tx) = tx else {
                 return Ok(false);
             };
             for ((scope, key, token), n) in &tally {
@@ -241,18 +268,18 @@ impl Writer {
         }
     }
 
-    /// `BEGIN IMMEDIATE`, waiting up to the busy timeout for another connection's write lock;
-    /// without `wait`, `None` at once when that lock is taken. Counted in
-    /// [`Stats::transactions`] when it waits or begins.
-    ///
-    /// The transaction is begun on a shared borrow (`new_unchecked`: the writer never opens
-    /// one inside another), so the busy timeout can be put back whichever way it went.
-    fn begin(&self, wait: bool) -> rusqlite::Result<Option<Transaction<'_>>> {
-        if wait {
-            self.stats.transactions.fetch_add(1, Ordering::Relaxed);
-            return Transaction::new_unchecked(&self.conn, TransactionBehavior::Immediate)
-                .map(Some);
-        }
+    /// `BEGIN IMMEDIATE`, waiting up to the busy timeout for another connection's write lock.
+    /// Counted in [`Stats::transactions`].
+    fn begin(&self) -> rusqlite::Result<Transaction<'_>> {
+        self.stats.transactions.fetch_add(1, Ordering::Relaxed);
+        Transaction::new_unchecked(&self.conn, TransactionBehavior::Immediate)
+    }
+
+    /// `BEGIN IMMEDIATE` without waiting: `None` at once when another connection holds the
+    /// write lock. Counted in [`Stats::transactions`] when it begins. The transaction is begun
+    /// on a shared borrow (`new_unchecked`: the writer never opens one inside another), so
+    /// the busy timeout can be put back whichever way it went.
+    fn try_begin(&self) -> rusqlite::Result<Option<Transaction<'_>>> {
         self.conn.busy_timeout(Duration::ZERO)?;
         let begun = Transaction::new_unchecked(&self.conn, TransactionBehavior::Immediate);
         self.conn.busy_timeout(self.busy_timeout)?;
@@ -287,25 +314,15 @@ impl Writer {
         }
         let (mut cmds, mut replies): (Vec<Cmd>, Vec<Reply>) =
             batch.into_iter().map(|j| (j.cmd, j.reply)).unzip();
-        // A claim must never be answered from a commit that was not fsynced: if the mode
-        // cannot be set, the whole batch fails, closed. Claims first try for the lock without
-        // waiting: see `answer_from_read`.
-        let mut first = self.set_sync(sync).and_then(|()| {
-            if sync == Sync::Full {
-                self.try_transact(&cmds)
-            } else {
-                self.transact(&cmds).map(Some)
-            }
-        });
-        if let Ok(None) = first {
+        if cmds.iter().any(|c| matches!(c, Cmd::Claim(_))) {
             (cmds, replies) = self.answer_from_read(cmds, replies);
             if cmds.is_empty() {
                 return;
             }
-            first = self.transact(&cmds).map(Some);
         }
-        let first = first.map(Option::unwrap_or_default);
-        let outcomes = match first {
+        // A claim must never be answered from a commit that was not fsynced: if the mode
+        // cannot be set, the whole batch fails, closed.
+        let outcomes = match self.set_sync(sync).and_then(|()| self.transact(&cmds)) {
             Ok(outcomes) => outcomes,
             // Retrying one by one helps only when one command broke the batch; when the file
             // is locked, full or failing, every retry would fail the same way, each after its
@@ -332,9 +349,6 @@ impl Writer {
         let mut orphans = Vec::new();
         for ((cmd, reply), outcome) in cmds.into_iter().zip(replies).zip(outcomes) {
             let Some(reply) = reply else { continue };
-            if let Ok(Done::Claim(Claim::Completed(replayed))) = &outcome {
-                self.tally(replayed);
-            }
             if let Err(Ok(Done::Claim(Claim::Acquired(lease)))) = reply.send(outcome) {
                 // The caller dropped its claim before hearing it was acquired: nobody will
                 // execute, so the key is released rather than left to become abandoned.
@@ -354,23 +368,18 @@ impl Writer {
         }
     }
 
-    fn tally(&mut self, replayed: &Record) {
-        let id = (replayed.scope.clone(), replayed.key.clone(), replayed.token);
-        let n = self.replays.entry(id).or_insert(0);
-        *n = n.saturating_add(1);
-    }
-
-    /// Another connection holds the write lock: answers, from one read transaction, the
-    /// claims whose answer writes nothing (a replay, a lease in flight, another fingerprint, an
-    /// abandoned record under `reject`), as a reader thread would, and returns the commands
-    /// left to wait for the lock. Without it, every replay and every waiting duplicate's poll
-    /// would queue behind the other process's commits (a review measured replays' p99 at
-    /// 100 – 430 ms, and answers at the bound, with five stores on one file).
+    /// Answers, from one read transaction without the write lock, the claims whose answer
+    /// writes nothing (a replay, a lease in flight, another fingerprint, an abandoned record
+    /// under `reject`), as a reader thread would, and returns the commands left for the lock.
+    /// Taking the lock for those would queue them behind other processes' commits (replays'
+    /// p99 at 100 – 430 ms, and answers at the bound, with five stores on one file), and
+    /// make every replaying process a writer the others wait for.
     ///
     /// A read sees only committed rows, so what it answers was true when it was taken, as a
-    /// reader's answer was. A claim that would write (a fresh key, a takeover, an expired
-    /// row), or whose row cannot be read, stays for the writer, which decides again under
-    /// the lock.
+    /// reader's answer was; nothing of this batch has been applied yet. A claim that would
+    /// write (a fresh key, a takeover, an expired row), or whose row cannot be read, stays for
+    /// the write, which decides again under the lock. A replay is tallied only when its caller
+    /// heard it.
     fn answer_from_read(&mut self, cmds: Vec<Cmd>, replies: Vec<Reply>) -> (Vec<Cmd>, Vec<Reply>) {
         let mut answered = Vec::new();
         let mut left = (Vec::new(), Vec::new());
@@ -403,11 +412,14 @@ impl Writer {
             left = (cmds, replies);
         }
         for (claim, reply) in answered {
-            if let Claim::Completed(replayed) = &claim {
-                self.tally(replayed);
-            }
-            if let Some(reply) = reply {
-                let _ = reply.send(Ok(Done::Claim(claim)));
+            let replayed = match &claim {
+                Claim::Completed(r) => Some((r.scope.clone(), r.key.clone(), r.token)),
+                _ => None,
+            };
+            let heard = reply.is_some_and(|r| r.send(Ok(Done::Claim(claim))).is_ok());
+            if let (true, Some(id)) = (heard, replayed) {
+                let n = self.replays.entry(id).or_insert(0);
+                *n = n.saturating_add(1);
             }
         }
         left
@@ -416,31 +428,11 @@ impl Writer {
     /// Applies `cmds` in one transaction, waiting for the write lock up to the busy timeout.
     /// `Err` means the transaction was rolled back.
     fn transact(&mut self, cmds: &[Cmd]) -> rusqlite::Result<Vec<Result<Done, StoreError>>> {
-        self.transact_with(cmds, true)
-            .map(Option::unwrap_or_default)
-    }
-
-    /// As [`Writer::transact`], but `None` at once, with nothing done, when another
-    /// connection holds the write lock.
-    fn try_transact(
-        &mut self,
-        cmds: &[Cmd],
-    ) -> rusqlite::Result<Option<Vec<Result<Done, StoreError>>>> {
-        self.transact_with(cmds, false)
-    }
-
-    fn transact_with(
-        &mut self,
-        cmds: &[Cmd],
-        wait: bool,
-    ) -> rusqlite::Result<Option<Vec<Result<Done, StoreError>>>> {
         // What the connection will really do at commit, read back rather than assumed.
         let synchronous: i64 = self
             .conn
             .pragma_query_value(None, "synchronous", |r| r.get(0))?;
-        let Some(tx) = self.begin(wait)? else {
-            return Ok(None);
-        };
+        let tx = self.begin()?;
         // The time is read once the lock is held: BEGIN IMMEDIATE may have waited for another
         // process, and a lease granted from a time read before the wait could already be over.
         let now = self.clock.now();
@@ -459,7 +451,7 @@ impl Writer {
                 .claims_fsynced
                 .fetch_add(claims, Ordering::Relaxed);
         }
-        Ok(Some(outcomes))
+        Ok(outcomes)
     }
 
     fn unavailable_ref(&self, e: &rusqlite::Error) -> StoreError {
@@ -564,7 +556,7 @@ fn on_record(
         Err(refusal) => return Ok(Err(refusal)),
     };
     match write {
-        // A replay is counted after the round, from its answer (`Writer::count_replays`).
+        // A replay is counted from its answer (`Writer::count_replays`).
         Write::Nothing | Write::CountReplay => {}
         Write::Put(rec) => row::upsert(conn, &rec)?,
         Write::Delete => row::delete(conn, scope, key)?,
@@ -608,9 +600,9 @@ mod tests {
         }
     }
 
-    /// Replays, a waiting duplicate's poll and a mismatch change nothing in the claims'
-    /// `synchronous=FULL` transaction (a commit that changed nothing writes no WAL frame, so
-    /// it syncs nothing): the replays are counted afterwards, once each, under `NORMAL`.
+    /// Replays, a waiting duplicate's poll and a mismatch are answered from the writer's
+    /// read and change nothing (nothing to fsync, no write lock taken); the replays are
+    /// counted afterwards, once each, under `NORMAL`.
     #[test]
     fn a_batch_of_replays_changes_nothing_in_the_claims_transaction() {
         let dir = tempfile::tempdir().unwrap();

@@ -1,7 +1,7 @@
 //! The writer's promises that only SQLite has: every claim is committed under an fsync; the
 //! time of a decision is read after the file lock is taken; a locked file fails a batch once,
 //! not once per command; a claim whose caller went away is released; a stalled writer answers
-//! at the operation timeout; replays in a batch retried one by one are counted once; and
+//! at the operation timeout; replays beside a batch retried one by one are counted once; and
 //! another process's write lock does not hold up the claims a read can answer.
 
 use std::sync::Arc;
@@ -241,10 +241,10 @@ async fn a_stalled_writer_answers_unavailable_at_the_bound_and_grants_nobody() {
     }
 }
 
-/// Replays in a batch that one bad command rolls back are answered by the one-by-one retry and
-/// counted once each: from their final answers, not from the attempt that was rolled back.
+/// Replays queued beside a batch that one bad command rolls back (and the writer retries one
+/// by one) are answered, and counted once each.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn replays_in_a_batch_retried_one_by_one_are_counted_once() {
+async fn replays_beside_a_batch_retried_one_by_one_are_counted_once() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("idem.db");
     let store = SqliteStore::open(&path).unwrap();
@@ -257,7 +257,6 @@ async fn replays_in_a_batch_retried_one_by_one_are_counted_once() {
              BEGIN SELECT RAISE(ABORT, 'bad key'); END;",
         )
         .unwrap();
-    let before = store.writer_stats().transactions;
     let lock = WriteLock::hold(&path).unwrap();
     let claim = |k: &'static str| spawn_claim(&store, k);
     // "first" is taken into a batch that waits on the lock; the rest queue into the next one.
@@ -265,6 +264,7 @@ async fn replays_in_a_batch_retried_one_by_one_are_counted_once() {
     tokio::time::sleep(Duration::from_millis(200)).await;
     let replays: Vec<_> = (0..5).map(|_| claim("done")).collect();
     let bad = claim("bad");
+    let good = claim("good");
     tokio::time::sleep(Duration::from_millis(200)).await;
     drop(lock);
     assert!(matches!(first.await.unwrap(), Ok(Claim::Acquired(_))));
@@ -274,21 +274,19 @@ async fn replays_in_a_batch_retried_one_by_one_are_counted_once() {
     }
     let got = bad.await.unwrap();
     assert!(matches!(got, Err(ref e) if e.is_unavailable()), "{got:?}");
-    assert!(
-        store.writer_stats().transactions - before >= 8,
-        "the batch was not retried one by one: {:?}",
-        store.writer_stats()
-    );
-    // Counted after the round; give the writer a moment, then the count must be exact.
+    // Acquired only if the batch it shared with "bad" was retried one by one.
+    let got = good.await.unwrap();
+    assert!(matches!(got, Ok(Claim::Acquired(_))), "{got:?}");
+    // Counted within a quarter second or so; then the count must stay exact.
     let mut replays = 0;
     for _ in 0..100 {
         replays = store.get(&scope, &key).await.unwrap().unwrap().replays;
         if replays >= 5 {
             break;
         }
-        tokio::time::sleep(Duration::from_millis(10)).await;
+        tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    tokio::time::sleep(Duration::from_millis(400)).await;
     let settled = store.get(&scope, &key).await.unwrap().unwrap().replays;
     assert_eq!((replays, settled), (5, 5), "each replay counted once");
 }
