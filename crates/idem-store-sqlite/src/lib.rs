@@ -9,11 +9,14 @@
 //!
 //! Every `claim` goes to the writer thread. It reads the batch's claims first, without the
 //! write lock, and answers those a read settles (a replay, a lease in flight, another
-//! fingerprint): replays never take the file's write lock and cost no fsync (their counts are
+//! fingerprint): a replay waits for no write lock and costs no fsync (replay counts are
 //! written every 250 ms under `synchronous=NORMAL`). The rest, nearly always fresh keys, are
-//! written under the lock, where the claim decides again. `get` runs on reader threads with their own connections, grouped into read transactions
-//! as the writer groups commits, and never waits for the writer: in WAL mode readers see the
-//! last commit. An operator's listing runs alone on tokio's blocking pool.
+//! written under the lock, where the claim decides again. While this process's own write
+//! waits for another process's lock, a claim asks a reader thread first, so a replay is not
+//! queued behind that wait. `get` runs on reader threads with their own connections, grouped
+//! into read transactions as the writer groups commits, and never waits for the writer: in
+//! WAL mode readers see the last commit. An operator's listing runs alone on tokio's blocking
+//! pool.
 //!
 //! # Several processes
 //! Several processes may open one file: each has its own writer, and SQLite's file lock

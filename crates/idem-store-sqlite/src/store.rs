@@ -2,12 +2,13 @@
 
 use std::fmt;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{self, Sender};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use idem_core::machine::{self, Write};
 use idem_core::{
     Claim, ClaimRequest, Clock, FencingToken, Key, ListRecords, Listing, Record, RecordFilter,
     Resolution, Scope, Store, StoreError, StoredResponse, SystemClock, Timestamp,
@@ -88,6 +89,8 @@ struct Inner {
     tx: Mutex<Option<Sender<Job>>>,
     writer: Mutex<Option<JoinHandle<()>>>,
     stats: Arc<Stats>,
+    /// Set while the writer waits for another process's write lock: see `claim`.
+    waiting_for_lock: Arc<AtomicBool>,
     /// Dropping it stops the checkpointer.
     checkpointer: Mutex<Option<Checkpointer>>,
 }
@@ -148,12 +151,14 @@ impl SqliteStore {
         schema::prepare_writer(&mut conn, &path)?;
         let (tx, rx) = mpsc::channel();
         let stats = Arc::new(Stats::default());
+        let waiting_for_lock = Arc::new(AtomicBool::new(false));
         let writer = Writer::new(
             conn,
             path.clone(),
             options.clock.clone(),
             stats.clone(),
             options.busy_timeout,
+            waiting_for_lock.clone(),
         );
         let handle = std::thread::Builder::new()
             .name("idem-sqlite-writer".into())
@@ -171,6 +176,7 @@ impl SqliteStore {
                 writer: Mutex::new(Some(handle)),
                 checkpointer: Mutex::new(Some(checkpointer)),
                 stats,
+                waiting_for_lock,
             }),
         })
     }
@@ -235,6 +241,31 @@ impl SqliteStore {
         )
     }
 
+    /// The answer to `req` that a read settles without a write, from a reader thread; `None`
+    /// when the claim needs the writer. A replay's count goes to the writer's tally.
+    async fn settled_by_a_read(&self, req: &ClaimRequest) -> Result<Option<Claim>, StoreError> {
+        let now = self.inner.clock.now();
+        let Some(rec) = self.read(&req.scope, &req.key).await? else {
+            return Ok(None);
+        };
+        Ok(
+            match machine::claim(Some(&rec), req, now, FencingToken::random()) {
+                (claim, Write::Nothing) => Some(claim),
+                (Claim::Completed(replayed), Write::CountReplay) => {
+                    let counted = Cmd::Replayed {
+                        scope: replayed.scope.clone(),
+                        key: replayed.key.clone(),
+                        token: replayed.token,
+                    };
+                    // Bookkeeping: the replay is answered whether or not it is counted.
+                    let _ = self.send(counted, None);
+                    Some(Claim::Completed(replayed))
+                }
+                _ => None,
+            },
+        )
+    }
+
     /// A point read on a reader thread (see [`crate::readers`]), within the operation timeout.
     async fn read(&self, scope: &Scope, key: &Key) -> Result<Option<Record>, StoreError> {
         let (scope, key) = (scope.clone(), key.clone());
@@ -265,11 +296,20 @@ fn unexpected(done: Done) -> StoreError {
 
 impl Store for SqliteStore {
     /// Straight to the writer thread, which reads first and writes only what needs a write
-    /// ([`crate::writer`]): most claims are of fresh keys, and a read on a reader thread
+    /// (`src/writer.rs`): most claims are of fresh keys, and a read on a reader thread
     /// first cost them a second hand-off between threads (docs/benchmarks.md, "Sixth pass:
     /// every claim to the writer"). Replays that the engine's completed-record cache holds
     /// never reach the store.
+    ///
+    /// While the writer waits for another process's write lock, a claim first asks a reader
+    /// thread, which answers what a read settles (a replay, a lease in flight, another
+    /// fingerprint) instead of queueing it behind that wait.
     async fn claim(&self, req: ClaimRequest) -> Result<Claim, StoreError> {
+        if self.inner.waiting_for_lock.load(Ordering::Acquire)
+            && let Some(answer) = self.settled_by_a_read(&req).await?
+        {
+            return Ok(answer);
+        }
         match self.write(Cmd::Claim(req)).await? {
             Done::Claim(c) => Ok(c),
             other => Err(unexpected(other)),

@@ -22,14 +22,16 @@
 //! first reads the batch's claims without the write lock, in one read transaction, and
 //! answers those whose answer needs no write (a replay, a lease in flight, another
 //! fingerprint, an abandoned record under `reject`), as a reader thread would; only the rest
-//! take the lock ([`Writer::answer_from_read`]). So replays and polls never take the file's
-//! write lock, which other processes' writers wait for. Replays are counted at most every
-//! [`COUNT_EVERY`], under `synchronous=NORMAL`.
+//! take the lock ([`Writer::answer_from_read`]). So replays and polls do not take the file's
+//! write lock, which other processes' writers wait for; their counts take it once every
+//! [`COUNT_EVERY`], under `synchronous=NORMAL`. While a write waits for another process's
+//! lock, the store sends claims to a reader thread first ([`Writer::begin_write`]), so what a
+//! read settles is not queued behind that wait.
 
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc::{Receiver, RecvTimeoutError};
 use std::time::{Duration, Instant};
 
@@ -53,6 +55,9 @@ pub(crate) const MAX_BATCH: usize = 512;
 /// a claiming process beside four replaying ones at 150 – 160 claims/s instead of 9,000 –
 /// 12,000, with a WAL of 660 – 790 MB in 5 s).
 const COUNT_EVERY: Duration = Duration::from_millis(250);
+
+/// Counts that may find the lock taken in a row before one waits for it (five seconds' worth).
+const KEEP_COUNTS_AT_MOST: u32 = 20;
 
 /// A write to apply.
 #[derive(Debug)]
@@ -83,6 +88,13 @@ pub(crate) enum Cmd {
     Purge {
         limit: usize,
     },
+    /// A replay a reader thread answered (while this writer waited for another process's
+    /// write lock): added to the tally, nothing written. Nobody waits for it.
+    Replayed {
+        scope: Scope,
+        key: Key,
+        token: FencingToken,
+    },
 }
 
 /// Replays answered since the last count, by record. A replay must cost no durable write
@@ -112,6 +124,7 @@ impl Writer {
         clock: Arc<dyn Clock>,
         stats: Arc<Stats>,
         busy_timeout: Duration,
+        waiting_for_lock: Arc<AtomicBool>,
     ) -> Self {
         Writer {
             conn,
@@ -121,6 +134,8 @@ impl Writer {
             busy_timeout,
             stats,
             replays: ReplayTally::new(),
+            counts_kept: 0,
+            waiting_for_lock,
         }
     }
 }
@@ -165,6 +180,11 @@ pub(crate) struct Writer {
     busy_timeout: Duration,
     stats: Arc<Stats>,
     replays: ReplayTally,
+    /// Counts in a row that found the write lock taken and kept the tally.
+    counts_kept: u32,
+    /// Set while a write waits for another connection's write lock; the store then asks a
+    /// reader thread first for what a read settles ([`crate::SqliteStore`]'s `claim`).
+    waiting_for_lock: Arc<AtomicBool>,
 }
 
 /// What the writer has done, for tests and operators: see [`crate::SqliteStore::writer_stats`].
@@ -214,6 +234,17 @@ impl Writer {
             };
             let mut batch = vec![first];
             take_queued(&rx, &mut batch, MAX_BATCH);
+            batch.retain(|job| match &job.cmd {
+                Cmd::Replayed { scope, key, token } => {
+                    let n = self
+                        .replays
+                        .entry((scope.clone(), key.clone(), *token))
+                        .or_insert(0);
+                    *n = n.saturating_add(1);
+                    false
+                }
+                _ => true,
+            });
             let (mut durable, fast): (Vec<Job>, Vec<Job>) =
                 batch.into_iter().partition(|j| j.cmd.needs_fsync());
             if !fast.is_empty() {
@@ -241,6 +272,9 @@ impl Writer {
     /// Without `wait`, a write lock held by another connection keeps the tally for the next
     /// count rather than holding the writer up for one; the last count waits.
     fn count_replays(&mut self, wait: bool) {
+        // A lock taken at every try for five seconds: wait for it once rather than keep the
+        // counts in memory without end.
+        let wait = wait || self.counts_kept >= KEEP_COUNTS_AT_MOST;
         let tally = std::mem::take(&mut self.replays);
         let written = self.set_sync(Sync::Normal).and_then(|()| {
             let tx = if wait {
@@ -257,15 +291,31 @@ impl Writer {
             tx.commit().map(|()| true)
         });
         match written {
-            Ok(true) => {}
+            Ok(true) => self.counts_kept = 0,
             Ok(false) => {
+                self.counts_kept += 1;
                 for (id, n) in tally {
                     let kept = self.replays.entry(id).or_insert(0);
                     *kept = kept.saturating_add(n);
                 }
             }
-            Err(e) => tracing::warn!(error = %e, replays = tally.len(), "replays not counted"),
+            Err(e) => {
+                self.counts_kept = 0;
+                tracing::warn!(error = %e, replays = tally.len(), "replays not counted");
+            }
         }
+    }
+
+    /// `BEGIN IMMEDIATE` for a write: at once if the write lock is free; otherwise the store
+    /// is told ([`Writer::waiting_for_lock`]) while this waits for it, up to the busy timeout.
+    fn begin_write(&self) -> rusqlite::Result<Transaction<'_>> {
+        if let Some(tx) = self.try_begin()? {
+            return Ok(tx);
+        }
+        self.waiting_for_lock.store(true, Ordering::Release);
+        let begun = self.begin();
+        self.waiting_for_lock.store(false, Ordering::Release);
+        begun
     }
 
     /// `BEGIN IMMEDIATE`, waiting up to the busy timeout for another connection's write lock.
@@ -349,7 +399,20 @@ impl Writer {
         let mut orphans = Vec::new();
         for ((cmd, reply), outcome) in cmds.into_iter().zip(replies).zip(outcomes) {
             let Some(reply) = reply else { continue };
-            if let Err(Ok(Done::Claim(Claim::Acquired(lease)))) = reply.send(outcome) {
+            // A replay the write found (its read failed, or another process completed the key
+            // in between) is counted as one the read answered.
+            let replayed = match &outcome {
+                Ok(Done::Claim(Claim::Completed(r))) => {
+                    Some((r.scope.clone(), r.key.clone(), r.token))
+                }
+                _ => None,
+            };
+            let sent = reply.send(outcome);
+            if let (true, Some(id)) = (sent.is_ok(), replayed) {
+                let n = self.replays.entry(id).or_insert(0);
+                *n = n.saturating_add(1);
+            }
+            if let Err(Ok(Done::Claim(Claim::Acquired(lease)))) = sent {
                 // The caller dropped its claim before hearing it was acquired: nobody will
                 // execute, so the key is released rather than left to become abandoned.
                 if let Cmd::Claim(req) = cmd {
@@ -383,7 +446,8 @@ impl Writer {
     fn answer_from_read(&mut self, cmds: Vec<Cmd>, replies: Vec<Reply>) -> (Vec<Cmd>, Vec<Reply>) {
         let mut answered = Vec::new();
         let mut left = (Vec::new(), Vec::new());
-        if let Ok(tx) = self.conn.transaction() {
+        let read = Transaction::new_unchecked(&self.conn, TransactionBehavior::Deferred);
+        if let Ok(tx) = read {
             let now = self.clock.now();
             for (cmd, reply) in cmds.into_iter().zip(replies) {
                 let settled = match &cmd {
@@ -406,8 +470,14 @@ impl Writer {
                     }
                 }
             }
-            // The snapshot ends before anyone hears from it, as on the reader threads.
-            let _ = tx.finish();
+            // The snapshot ends before anyone hears from it, as on the reader threads. A read
+            // left open would fail every later BEGIN on this connection: end it by force.
+            if let Err(e) = tx.finish()
+                && !self.conn.is_autocommit()
+            {
+                tracing::warn!(error = %e, "a read did not end; rolled back");
+                let _ = self.conn.execute_batch("ROLLBACK");
+            }
         } else {
             left = (cmds, replies);
         }
@@ -432,7 +502,7 @@ impl Writer {
         let synchronous: i64 = self
             .conn
             .pragma_query_value(None, "synchronous", |r| r.get(0))?;
-        let tx = self.begin()?;
+        let tx = self.begin_write()?;
         // The time is read once the lock is held: BEGIN IMMEDIATE may have waited for another
         // process, and a lease granted from a time read before the wait could already be over.
         let now = self.clock.now();
@@ -491,6 +561,10 @@ fn apply(
 ) -> rusqlite::Result<Result<Done, StoreError>> {
     match cmd {
         Cmd::Purge { limit } => Ok(Ok(Done::Purged(row::purge(conn, now, *limit)?))),
+        // Taken into the tally before any transaction (`Writer::run`).
+        Cmd::Replayed { .. } => Ok(Err(StoreError::Corrupt(
+            "internal: a replay's count reached a transaction".into(),
+        ))),
         Cmd::Claim(req) => {
             let token = FencingToken::random();
             // Most claims are of keys never seen (a replay the engine's completed-record
@@ -615,6 +689,7 @@ mod tests {
             Arc::new(SystemClock),
             Arc::new(Stats::default()),
             Duration::from_secs(5),
+            Arc::new(AtomicBool::new(false)),
         );
 
         let (j, a) = job(Cmd::Claim(req("done", b"")));

@@ -343,3 +343,62 @@ async fn a_write_lock_held_elsewhere_does_not_hold_up_what_a_read_answers() {
     }
     assert_eq!(replays, 3);
 }
+
+/// A replay queued behind this process's own write, which waits for another process's lock,
+/// is answered by a reader thread meanwhile: here the wait (30 s of busy timeout) outlasts the
+/// replay's caller (a 1 s bound), so a replay queued behind it would fail.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replay_behind_a_write_waiting_for_the_lock_is_answered_meanwhile() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("idem.db");
+    let options = SqliteOptions {
+        clock: Arc::new(SystemClock),
+        busy_timeout: Duration::from_secs(30),
+        op_timeout: Duration::from_secs(1),
+    };
+    let store = SqliteStore::open_with(&path, options).unwrap();
+    let (scope, key) = completed(&store, "done").await;
+    assert!(matches!(
+        store
+            .claim(req(
+                "held",
+                Duration::from_secs(30),
+                AbandonedPolicy::Reject
+            ))
+            .await,
+        Ok(Claim::Acquired(_))
+    ));
+    let lock = WriteLock::hold(&path).unwrap();
+    let fresh = spawn_claim(&store, "fresh");
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    for _ in 0..3 {
+        let got = store
+            .claim(req(
+                "done",
+                Duration::from_secs(30),
+                AbandonedPolicy::Reject,
+            ))
+            .await;
+        assert!(matches!(got, Ok(Claim::Completed(_))), "{got:?}");
+    }
+    let got = store
+        .claim(req(
+            "held",
+            Duration::from_secs(30),
+            AbandonedPolicy::Reject,
+        ))
+        .await;
+    assert!(matches!(got, Ok(Claim::InFlight(_))), "{got:?}");
+    drop(lock);
+    // Acquired, or refused if its caller's bound passed first: either is right here.
+    let _ = fresh.await.unwrap();
+    let mut replays = 0;
+    for _ in 0..100 {
+        replays = store.get(&scope, &key).await.unwrap().unwrap().replays;
+        if replays >= 3 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(replays, 3);
+}
