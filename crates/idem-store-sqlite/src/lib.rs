@@ -10,7 +10,7 @@
 //! Every `claim` goes to the writer thread. It reads the batch's claims first, without the
 //! write lock, and answers those a read settles (a replay, a lease in flight, another
 //! fingerprint): a replay waits for no write lock and costs no fsync (replay counts are
-//! written every 250 ms under `synchronous=NORMAL`). The rest, nearly always fresh keys, are
+//! written at most every 250 ms under `synchronous=NORMAL`). The rest, nearly always fresh keys, are
 //! written under the lock, where the claim decides again. While this process's own write
 //! waits for another process's lock, a claim asks a reader thread first, so a replay is not
 //! queued behind that wait. `get` runs on reader threads with their own connections, grouped
