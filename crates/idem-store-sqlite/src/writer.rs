@@ -102,6 +102,12 @@ pub(crate) enum Cmd {
 /// every [`COUNT_EVERY`], one statement per record, under `synchronous=NORMAL`.
 type ReplayTally = HashMap<(Scope, Key, FencingToken), u32>;
 
+/// Adds `n` replays of one record to `tally`.
+fn add_replays(tally: &mut ReplayTally, record: (Scope, Key, FencingToken), n: u32) {
+    let counted = tally.entry(record).or_insert(0);
+    *counted = counted.saturating_add(n);
+}
+
 impl Cmd {
     /// Whether the answer must wait for an fsync.
     ///
@@ -241,11 +247,7 @@ impl Writer {
             take_queued(&rx, &mut batch, MAX_BATCH);
             batch.retain(|job| match &job.cmd {
                 Cmd::Replayed { scope, key, token } => {
-                    let n = self
-                        .replays
-                        .entry((scope.clone(), key.clone(), *token))
-                        .or_insert(0);
-                    *n = n.saturating_add(1);
+                    add_replays(&mut self.replays, (scope.clone(), key.clone(), *token), 1);
                     false
                 }
                 _ => true,
@@ -300,8 +302,7 @@ impl Writer {
             Ok(false) => {
                 self.counts_kept += 1;
                 for (id, n) in tally {
-                    let kept = self.replays.entry(id).or_insert(0);
-                    *kept = kept.saturating_add(n);
+                    add_replays(&mut self.replays, id, n);
                 }
             }
             Err(e) => {
@@ -414,8 +415,7 @@ impl Writer {
             };
             let sent = reply.send(outcome);
             if let (true, Some(id)) = (sent.is_ok(), replayed) {
-                let n = self.replays.entry(id).or_insert(0);
-                *n = n.saturating_add(1);
+                add_replays(&mut self.replays, id, 1);
             }
             if let Err(Ok(Done::Claim(Claim::Acquired(lease)))) = sent {
                 // The caller dropped its claim before hearing it was acquired: nobody will
@@ -493,8 +493,7 @@ impl Writer {
             };
             let heard = reply.is_some_and(|r| r.send(Ok(Done::Claim(claim))).is_ok());
             if let (true, Some(id)) = (heard, replayed) {
-                let n = self.replays.entry(id).or_insert(0);
-                *n = n.saturating_add(1);
+                add_replays(&mut self.replays, id, 1);
             }
         }
         left

@@ -25,6 +25,15 @@ fn req(k: &str, lease: Duration, on_abandoned: AbandonedPolicy) -> ClaimRequest 
     }
 }
 
+/// A store's options on the system clock with these two bounds.
+fn options(busy_timeout: Duration, op_timeout: Duration) -> SqliteOptions {
+    SqliteOptions {
+        clock: Arc::new(SystemClock),
+        busy_timeout,
+        op_timeout,
+    }
+}
+
 /// Claims `k` and completes it with a 200: a record that replays find.
 async fn completed(store: &SqliteStore, k: &str) -> (Scope, Key) {
     let r = req(k, Duration::from_secs(30), AbandonedPolicy::Reject);
@@ -299,11 +308,7 @@ async fn replays_beside_a_batch_retried_one_by_one_are_counted_once() {
 async fn a_write_lock_held_elsewhere_does_not_hold_up_what_a_read_answers() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("idem.db");
-    let options = SqliteOptions {
-        clock: Arc::new(SystemClock),
-        busy_timeout: Duration::from_secs(3),
-        op_timeout: Duration::from_secs(30),
-    };
+    let options = options(Duration::from_secs(3), Duration::from_secs(30));
     let store = SqliteStore::open_with(&path, options).unwrap();
     let claim = |k: &str| req(k, Duration::from_secs(30), AbandonedPolicy::Reject);
     let (scope, key) = completed(&store, "done").await;
@@ -351,11 +356,7 @@ async fn a_write_lock_held_elsewhere_does_not_hold_up_what_a_read_answers() {
 async fn a_replay_behind_a_write_waiting_for_the_lock_is_answered_meanwhile() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("idem.db");
-    let options = SqliteOptions {
-        clock: Arc::new(SystemClock),
-        busy_timeout: Duration::from_secs(30),
-        op_timeout: Duration::from_secs(1),
-    };
+    let options = options(Duration::from_secs(30), Duration::from_secs(1));
     let store = SqliteStore::open_with(&path, options).unwrap();
     let (scope, key) = completed(&store, "done").await;
     assert!(matches!(
