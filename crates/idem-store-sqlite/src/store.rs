@@ -8,7 +8,6 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use idem_core::machine::{self, Write};
 use idem_core::{
     Claim, ClaimRequest, Clock, FencingToken, Key, ListRecords, Listing, Record, RecordFilter,
     Resolution, Scope, Store, StoreError, StoredResponse, SystemClock, Timestamp,
@@ -18,7 +17,7 @@ use tokio::sync::oneshot;
 use crate::checkpoint::Checkpointer;
 use crate::readers::Readers;
 use crate::stopping::{join_until, lock};
-use crate::writer::{Cmd, Done, Job, Stats, Writer};
+use crate::writer::{Cmd, Done, Job, Stats, Writer, settled_by_a_read};
 use crate::{row, schema};
 
 /// Counters of the writer thread.
@@ -248,22 +247,17 @@ impl SqliteStore {
         let Some(rec) = self.read(&req.scope, &req.key).await? else {
             return Ok(None);
         };
-        Ok(
-            match machine::claim(Some(&rec), req, now, FencingToken::random()) {
-                (claim, Write::Nothing) => Some(claim),
-                (Claim::Completed(replayed), Write::CountReplay) => {
-                    let counted = Cmd::Replayed {
-                        scope: replayed.scope.clone(),
-                        key: replayed.key.clone(),
-                        token: replayed.token,
-                    };
-                    // Bookkeeping: the replay is answered whether or not it is counted.
-                    let _ = self.send(counted, None);
-                    Some(Claim::Completed(replayed))
-                }
-                _ => None,
-            },
-        )
+        let claim = settled_by_a_read(&rec, req, now);
+        if let Some(Claim::Completed(replayed)) = &claim {
+            let counted = Cmd::Replayed {
+                scope: replayed.scope.clone(),
+                key: replayed.key.clone(),
+                token: replayed.token,
+            };
+            // Bookkeeping: the replay is answered whether or not it is counted.
+            let _ = self.send(counted, None);
+        }
+        Ok(claim)
     }
 
     /// A point read on a reader thread (see [`crate::readers`]), within the operation timeout.

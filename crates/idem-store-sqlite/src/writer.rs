@@ -102,6 +102,18 @@ pub(crate) enum Cmd {
 /// every [`COUNT_EVERY`], one statement per record, under `synchronous=NORMAL`.
 type ReplayTally = HashMap<(Scope, Key, FencingToken), u32>;
 
+/// The answer to `req` that a read of its record settles without a write: a replay, a lease
+/// in flight, another fingerprint, an abandoned lease under `reject`. `None` when the claim
+/// needs a write. The writer asks it of the batch's reads before taking the lock, and the
+/// store of a reader thread's read while the writer waits for another process's lock; a
+/// replay's count is the caller's to keep, once the replay is heard.
+pub(crate) fn settled_by_a_read(rec: &Record, req: &ClaimRequest, now: Timestamp) -> Option<Claim> {
+    match machine::claim(Some(rec), req, now, FencingToken::random()) {
+        (claim, Write::Nothing | Write::CountReplay) => Some(claim),
+        _ => None,
+    }
+}
+
 /// Adds `n` replays of one record to `tally`.
 fn add_replays(tally: &mut ReplayTally, record: (Scope, Key, FencingToken), n: u32) {
     let counted = tally.entry(record).or_insert(0);
@@ -457,12 +469,7 @@ impl Writer {
             for (cmd, reply) in cmds.into_iter().zip(replies) {
                 let settled = match &cmd {
                     Cmd::Claim(req) => match row::select(&tx, &req.scope, &req.key) {
-                        Ok(Ok(Some(rec))) => {
-                            match machine::claim(Some(&rec), req, now, FencingToken::random()) {
-                                (claim, Write::Nothing | Write::CountReplay) => Some(claim),
-                                _ => None,
-                            }
-                        }
+                        Ok(Ok(Some(rec))) => settled_by_a_read(&rec, req, now),
                         _ => None,
                     },
                     _ => None,
