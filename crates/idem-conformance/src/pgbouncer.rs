@@ -54,11 +54,17 @@ pub fn postgres_addr() -> String {
 }
 
 impl PgBouncer {
-    /// Starts one in `mode`, or says why it cannot.
+    /// Starts one in `mode` in front of the shared server ([`postgres_addr`]), or says why it
+    /// cannot.
     pub fn start(mode: PoolMode) -> Result<PgBouncer, String> {
-        let pg = postgres_addr();
-        TcpStream::connect(&pg).map_err(|e| format!("no PostgreSQL at {pg}: {e}"))?;
-        let (pg_host, pg_port) = pg.rsplit_once(':').unwrap_or((pg.as_str(), "5432"));
+        Self::start_in_front_of(mode, &postgres_addr())
+    }
+
+    /// Starts one in `mode` in front of the server at `pg` (`host:port`), or says why it
+    /// cannot.
+    pub fn start_in_front_of(mode: PoolMode, pg: &str) -> Result<PgBouncer, String> {
+        TcpStream::connect(pg).map_err(|e| format!("no PostgreSQL at {pg}: {e}"))?;
+        let (pg_host, pg_port) = pg.rsplit_once(':').unwrap_or((pg, "5432"));
         let port = free_port()?;
         let dir = std::env::temp_dir().join(format!(
             "idem-pgbouncer-{}-{port}-{:08x}",

@@ -19,7 +19,7 @@ use tokio::sync::oneshot;
 use deadpool_postgres::Pool;
 
 use crate::batch::Job;
-use crate::inner::{Conn, Inner, Lane, checkout};
+use crate::inner::{Conn, Inner, Lane};
 use crate::sql::{now_of, record_of, unavailable, unavailable_because};
 
 /// How many times a claim is run again when a racing writer left its snapshot behind. Each
@@ -226,7 +226,7 @@ impl Inner {
         if jobs.is_empty() {
             return;
         }
-        let client = match checkout(pool).await {
+        let client = match self.checkout(pool, Lane::Claim).await {
             Ok(c) => c,
             Err(e) => {
                 let why = e.to_string();

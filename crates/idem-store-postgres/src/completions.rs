@@ -14,7 +14,7 @@ use tokio_postgres::types::Type;
 use deadpool_postgres::Pool;
 
 use crate::batch::Job;
-use crate::inner::{Conn, Inner, Lane, checkout};
+use crate::inner::{Conn, Inner, Lane};
 use crate::sql::{record_of, unavailable, unavailable_because};
 
 /// A completion waiting for its batch.
@@ -101,7 +101,7 @@ impl Inner {
         pool: &Pool,
         jobs: Vec<Job<Completion, Result<Record, StoreError>>>,
     ) {
-        let client = match checkout(pool).await {
+        let client = match self.checkout(pool, Lane::AfterCommit).await {
             Ok(c) => c,
             Err(e) => {
                 let why = e.to_string();

@@ -145,18 +145,26 @@ impl<F> Drop for Abandoned<F> {
 /// to hours later; a batcher's batch on it would hold its slot as long. Closed, it is replaced
 /// by a new connection on the next use. Dropped on any other path (an operation that
 /// finished, with or without an error) it goes back to its pool.
+///
+/// On the claim lane of a direct connection its statement is cancelled before it is closed
+/// ([`cancel_then_close`]): a commit there waits for a synchronous standby, and PostgreSQL's
+/// backend neither notices a closed connection during that wait nor ends it at
+/// `statement_timeout`.
 pub(crate) struct Checkout {
     client: Option<Object>,
     gave_up: Option<Arc<GaveUp>>,
+    /// Whether a statement left running is cancelled when the connection is given up on.
+    cancels: bool,
 }
 
 impl Checkout {
     /// `client`, for the operation running in the current [`Inner::within`] (none outside
     /// one: such a connection always goes back to its pool).
-    fn new(client: Object) -> Self {
+    fn new(client: Object, cancels: bool) -> Self {
         Checkout {
             client: Some(client),
             gave_up: GAVE_UP.try_with(Arc::clone).ok(),
+            cancels,
         }
     }
 }
@@ -188,9 +196,56 @@ impl Drop for Checkout {
             );
             // Out of the pool for good; dropping deadpool's wrapper aborts the connection's
             // task, which closes its socket.
-            drop(Object::take(client));
+            let client = Object::take(client);
+            if self.cancels {
+                cancel_then_close(client);
+            } else {
+                drop(client);
+            }
         }
     }
+}
+
+/// How long a connection given up on waits for its statement's cancel to be delivered before
+/// it is closed anyway (the server may be out of reach, the reason it was given up on).
+const CANCEL_BOUND: Duration = Duration::from_secs(5);
+
+/// Cancels what `client` is running, then closes it. The claim lane commits with
+/// `synchronous_commit = on`: with its synchronous standby gone, a commit waits until the
+/// standby is back, and neither `statement_timeout` nor the closed connection ends that wait
+/// (PostgreSQL's `SyncRepWaitForLSN` heeds only a cancel or a terminate). Closed without a
+/// cancel, each connection given up on would leave a backend waiting, one more per operation
+/// timeout, until the server's connection slots ran out for everyone who shares it
+/// (`tests/failover.rs`, `a_stalled_synchronous_standby_leaves_no_backend_waiting`).
+///
+/// The cancel changes nothing that was decided: PostgreSQL keeps a commit whose wait was
+/// cancelled (it was already flushed locally), as it would once the standby came back, and
+/// whoever was waiting for it has been told the store was unavailable, so no effect ran on
+/// it.
+fn cancel_then_close(client: deadpool_postgres::ClientWrapper) {
+    let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+        // Outside a runtime (a store dropped at exit) there is nothing to send it with.
+        return drop(client);
+    };
+    let cancel = client.cancel_token();
+    runtime.spawn(async move {
+        let deadline = tokio::time::Instant::now() + CANCEL_BOUND;
+        let sent = tokio::time::timeout_at(deadline, cancel.cancel_query(NoTls)).await;
+        // The cancel is on its way; the connection is closed once the statement it cancels
+        // has answered (or the bound has passed), so its answer is read, not cut off.
+        let answered = match sent {
+            Ok(Ok(())) => tokio::time::timeout_at(deadline, client.batch_execute(""))
+                .await
+                .map_err(|_| format!("no answer within {CANCEL_BOUND:?}"))
+                .map(|_| ()),
+            Ok(Err(e)) => Err(e.to_string()),
+            Err(_) => Err(format!("no answer within {CANCEL_BOUND:?}")),
+        };
+        if let Err(why) = answered {
+            tracing::warn!(error = %why, "could not cancel the statement of a PostgreSQL connection given up on");
+        }
+        drop(client);
+    });
 }
 
 impl Conn for Object {
@@ -394,11 +449,29 @@ impl Inner {
     }
 
     pub(crate) async fn client(&self) -> Result<Checkout, StoreError> {
-        checkout(&self.pool).await
+        self.checkout(&self.pool, Lane::Claim).await
     }
 
     pub(crate) async fn after_commit_client(&self) -> Result<Checkout, StoreError> {
-        checkout(&self.after_commit).await
+        self.checkout(&self.after_commit, Lane::AfterCommit).await
+    }
+
+    /// A connection from `pool`, of `lane`, for the operation under way (see [`Checkout`]).
+    ///
+    /// Its statement is cancelled if the operation gives up, on the claim lane of a direct
+    /// connection: there a commit can wait on the standby with no bound of the server's
+    /// ([`cancel_then_close`]). The after-commit lane's statements end at
+    /// `statement_timeout`, and a completion, release or extend that lands late is still worth
+    /// having. Behind a pooler no cancel is sent: tokio-postgres closes its cancel connection
+    /// as soon as the request is written, and PgBouncer 1.18 (Debian 12's) can crash on a
+    /// cancel client that leaves before the server has answered (pgbouncer/pgbouncer#801,
+    /// fixed in 1.20).
+    pub(crate) async fn checkout(&self, pool: &Pool, lane: Lane) -> Result<Checkout, StoreError> {
+        let cancels = lane != Lane::AfterCommit && !self.pooled;
+        pool.get()
+            .await
+            .map(|client| Checkout::new(client, cancels))
+            .map_err(|e| unavailable("connect", e))
     }
 
     /// Runs `op`, which takes its connections from the pools, within the operation
@@ -581,14 +654,6 @@ impl Settings {
 
 fn timed_out(limit: Duration) -> StoreError {
     unavailable_because("timed out", format!("no answer within {limit:?}"))
-}
-
-/// A connection from `pool`, for the operation under way (see [`Checkout`]).
-pub(crate) async fn checkout(pool: &Pool) -> Result<Checkout, StoreError> {
-    pool.get()
-        .await
-        .map(Checkout::new)
-        .map_err(|e| unavailable("connect", e))
 }
 
 fn new_pool(

@@ -11,7 +11,9 @@
 //! it is accepted, and none may be: each claim's commit waited for the standby. Counts are
 //! printed (`--nocapture`): docs/benchmarks.md, "PostgreSQL failover". Each mode runs twice:
 //! with the standby streaming to the end, and with it lagging 300 ms (the primary's WAL
-//! sender stopped), as across a slow link. Skips without `initdb` unless IDEM_REQUIRE_SERVICES=1.
+//! sender stopped), as across a slow link. And with the synchronous standby stalled (no
+//! promotion), claims fail closed and leave no backend waiting for it. Skips without `initdb`
+//! unless IDEM_REQUIRE_SERVICES=1.
 //! About 10 to 25 s per case, so `#[ignore]`d; `.ci/run` runs them in their own step:
 //! `cargo test -p idem-store-postgres --test failover -- --ignored --nocapture --test-threads 1`.
 
@@ -20,6 +22,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use idem_conformance::pgbouncer::{PgBouncer, PoolMode};
 use idem_conformance::pgcluster::{Cluster, Replication};
 use idem_core::{
     AbandonedPolicy, Claim, ClaimRequest, Fingerprint, Key, Scope, Store, StoredResponse,
@@ -281,5 +284,121 @@ async fn an_asynchronous_standby_is_refused_unless_volatile_and_counted() {
                 "no claim lost by a lagging standby: {counts:?}"
             );
         }
+    }
+}
+
+/// A synchronous standby that stops acknowledging (its WAL sender stalled) holds every claim's
+/// commit: the caller gives up at the operation timeout and the store closes the connection.
+/// PostgreSQL's backend does not notice a closed connection while it waits for the standby,
+/// and `statement_timeout` does not end that wait, so without a cancel each closed connection
+/// would leave a backend waiting for as long as the standby stays away, one more per timeout,
+/// until the server's connection slots ran out for every application that shares it. The
+/// store cancels the statement of a connection it gives up on before closing it: the wait
+/// ends (the commit stays local, its caller having been told the store was unavailable) and
+/// the backend exits.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "failover: run by .ci/run's own step (about 10 s)"]
+async fn a_stalled_synchronous_standby_leaves_no_backend_waiting() {
+    stalled_standby(
+        "a_stalled_synchronous_standby_leaves_no_backend_waiting",
+        None,
+    )
+    .await;
+}
+
+/// The same through PgBouncer in transaction mode, where the store sends no cancel (see
+/// `Inner::checkout`: PgBouncer 1.18 can crash on tokio-postgres's cancel requests): the
+/// pooler must come through the stall, and the store serve again once the standby is back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "failover: run by .ci/run's own step (about 10 s)"]
+async fn a_stalled_synchronous_standby_leaves_no_backend_waiting_behind_pgbouncer() {
+    stalled_standby(
+        "a_stalled_synchronous_standby_leaves_no_backend_waiting_behind_pgbouncer",
+        Some(PoolMode::Transaction),
+    )
+    .await;
+}
+
+async fn stalled_standby(test: &str, pooler: Option<PoolMode>) {
+    let _one = ONE_AT_A_TIME.lock().await;
+    let cluster = match tokio::task::block_in_place(|| Cluster::start(Replication::Synchronous)) {
+        Ok(c) => c,
+        Err(why) => return idem_conformance::skip(test, &why),
+    };
+    let (url, bouncer) = match pooler {
+        None => (cluster.url(), None),
+        Some(mode) => {
+            let primary = format!("127.0.0.1:{}", cluster.primary);
+            match PgBouncer::start_in_front_of(mode, &primary) {
+                Ok(b) => (
+                    format!("postgres://postgres@127.0.0.1:{}/postgres", b.port),
+                    Some(b),
+                ),
+                Err(why) => return idem_conformance::skip(test, &why),
+            }
+        }
+    };
+    let mut opts = ok(PgOptions::from_url(&url));
+    opts.schema = "idem_stalled".into();
+    opts.op_timeout = Duration::from_millis(400);
+    let store = ok(PgStore::connect(opts).await);
+    let waiting = || {
+        ok(cluster.psql(
+            cluster.primary,
+            "SELECT count(*) FROM pg_stat_activity WHERE wait_event = 'SyncRep'",
+        ))
+        .trim()
+        .parse::<u32>()
+        .unwrap_or(u32::MAX)
+    };
+    assert!(matches!(
+        ok(store.claim(req("before")).await),
+        Claim::Acquired(_)
+    ));
+    ok(cluster.stall_replication(true));
+    for round in 0..3 {
+        let claims: Vec<_> = (0..4)
+            .map(|i| {
+                let store = store.clone();
+                tokio::spawn(async move { store.claim(req(&format!("stalled-{round}-{i}"))).await })
+            })
+            .collect();
+        for claim in claims {
+            let answer = ok(claim.await);
+            assert!(
+                answer.is_err(),
+                "a claim was acknowledged while its standby was stalled: {answer:?}"
+            );
+        }
+    }
+    // The batches give up at their own bound (five operation timeouts) and close their
+    // connections; then no backend may be left waiting for the standby.
+    // Behind the pooler nothing ends those waits but the standby: the batches are given
+    // time to give up and close their connections, which is what PgBouncer must come
+    // through.
+    let deadline = Instant::now() + Duration::from_secs(if bouncer.is_none() { 10 } else { 3 });
+    let mut left = waiting();
+    while (left > 0 || bouncer.is_some()) && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        left = waiting();
+    }
+    ok(cluster.stall_replication(false));
+    if bouncer.is_none() {
+        assert_eq!(
+            left, 0,
+            "backends still waiting for the stalled standby after the store gave up on them"
+        );
+    }
+    // Replication resumed, the store serves again.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        if let Ok(Claim::Acquired(_)) = store.claim(req("after")).await {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no claim acquired after the stall"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
