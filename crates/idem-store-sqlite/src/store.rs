@@ -17,7 +17,7 @@ use tokio::sync::oneshot;
 use crate::checkpoint::Checkpointer;
 use crate::readers::Readers;
 use crate::stopping::{join_until, lock};
-use crate::writer::{Cmd, Done, Job, Stats, Writer, settled_by_a_read};
+use crate::writer::{Cmd, Done, Job, Queued, Stats, Writer, settled_by_a_read};
 use crate::{row, schema};
 
 /// Counters of the writer thread.
@@ -85,7 +85,7 @@ struct Inner {
     clock: Arc<dyn Clock>,
     op_timeout: Duration,
     readers: Readers,
-    tx: Mutex<Option<Sender<Job>>>,
+    tx: Mutex<Option<Sender<Queued>>>,
     writer: Mutex<Option<JoinHandle<()>>>,
     stats: Arc<Stats>,
     /// Set while the writer waits for another process's write lock: see `claim`.
@@ -195,14 +195,10 @@ impl SqliteStore {
         &self.inner.path
     }
 
-    fn send(
-        &self,
-        cmd: Cmd,
-        reply: Option<oneshot::Sender<Result<Done, StoreError>>>,
-    ) -> Result<(), StoreError> {
+    fn queue(&self, queued: Queued) -> Result<(), StoreError> {
         let guard = lock(&self.inner.tx);
         match guard.as_ref() {
-            Some(tx) if tx.send(Job { cmd, reply }).is_ok() => Ok(()),
+            Some(tx) if tx.send(queued).is_ok() => Ok(()),
             _ => Err(self.writer_gone()),
         }
     }
@@ -212,7 +208,10 @@ impl SqliteStore {
     /// [`crate::writer`].
     async fn write(&self, cmd: Cmd) -> Result<Done, StoreError> {
         let (reply, answer) = oneshot::channel();
-        self.send(cmd, Some(reply))?;
+        self.queue(Queued::Job(Job {
+            cmd,
+            reply: Some(reply),
+        }))?;
         match tokio::time::timeout(self.inner.op_timeout, answer).await {
             Ok(answered) => answered.map_err(|_| self.writer_gone())?,
             Err(_) => Err(self.timed_out("write")),
@@ -249,13 +248,10 @@ impl SqliteStore {
         };
         let claim = settled_by_a_read(&rec, req, now);
         if let Some(Claim::Completed(replayed)) = &claim {
-            let counted = Cmd::Replayed {
-                scope: replayed.scope.clone(),
-                key: replayed.key.clone(),
-                token: replayed.token,
-            };
+            let counted =
+                Queued::Replayed(replayed.scope.clone(), replayed.key.clone(), replayed.token);
             // Bookkeeping: the replay is answered whether or not it is counted.
-            let _ = self.send(counted, None);
+            let _ = self.queue(counted);
         }
         Ok(claim)
     }

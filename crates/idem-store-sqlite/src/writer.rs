@@ -88,13 +88,16 @@ pub(crate) enum Cmd {
     Purge {
         limit: usize,
     },
+}
+
+/// What the store queues for the writer thread.
+#[derive(Debug)]
+pub(crate) enum Queued {
+    /// A write to apply, and whoever waits for its answer.
+    Job(Job),
     /// A replay a reader thread answered (while this writer waited for another process's
-    /// write lock): added to the tally, nothing written. Nobody waits for it.
-    Replayed {
-        scope: Scope,
-        key: Key,
-        token: FencingToken,
-    },
+    /// write lock): added to the tally, never written in a transaction. Nobody waits for it.
+    Replayed(Scope, Key, FencingToken),
 }
 
 /// Replays answered since the last count, by record. A replay must cost no durable write
@@ -231,7 +234,7 @@ impl Writer {
     /// committed and visible; then the claims and resolutions, answered after the fsync. An
     /// executor so waits for one fsync per execution (its claim), not two. Replays are
     /// counted every [`COUNT_EVERY`] while there are some, and once more at the end.
-    pub(crate) fn run(mut self, rx: Receiver<Job>) {
+    pub(crate) fn run(mut self, rx: Receiver<Queued>) {
         // As if the last count were a period ago: replays after a quiet spell are counted at
         // the end of their round, as `idem inspect` run right after expects; only a steady
         // stream of them is held to one count per period.
@@ -255,22 +258,16 @@ impl Writer {
                     Err(RecvTimeoutError::Disconnected) => break,
                 }
             };
-            let mut batch = vec![first];
-            take_queued(&rx, &mut batch, MAX_BATCH);
-            batch.retain(|job| match &job.cmd {
-                Cmd::Replayed { scope, key, token } => {
-                    add_replays(&mut self.replays, (scope.clone(), key.clone(), *token), 1);
-                    false
-                }
-                _ => true,
-            });
+            let mut batch = Vec::new();
+            self.take(first, &mut batch);
+            self.take_queued(&rx, &mut batch);
             let (mut durable, fast): (Vec<Job>, Vec<Job>) =
                 batch.into_iter().partition(|j| j.cmd.needs_fsync());
             if !fast.is_empty() {
                 self.commit_batch(fast, Sync::Normal);
                 // Claims that arrived meanwhile (often from executors that just heard their
                 // completion) share this round's fsync rather than wait for the next.
-                take_queued(&rx, &mut durable, MAX_BATCH);
+                self.take_queued(&rx, &mut durable);
             }
             if !durable.is_empty() {
                 self.commit_batch(durable, Sync::Full);
@@ -282,6 +279,25 @@ impl Writer {
         }
         if !self.replays.is_empty() {
             self.count_replays(true);
+        }
+    }
+
+    /// Puts a job into `batch`; a replay goes to the tally instead.
+    fn take(&mut self, queued: Queued, batch: &mut Vec<Job>) {
+        match queued {
+            Queued::Job(job) => batch.push(job),
+            Queued::Replayed(scope, key, token) => {
+                add_replays(&mut self.replays, (scope, key, token), 1);
+            }
+        }
+    }
+
+    /// Takes what `rx` already holds, without waiting, until `batch` has [`MAX_BATCH`] jobs.
+    fn take_queued(&mut self, rx: &Receiver<Queued>, batch: &mut Vec<Job>) {
+        let mut queued = Vec::new();
+        take_queued(rx, &mut queued, MAX_BATCH.saturating_sub(batch.len()));
+        for q in queued {
+            self.take(q, batch);
         }
     }
 
@@ -572,10 +588,6 @@ fn apply(
 ) -> rusqlite::Result<Result<Done, StoreError>> {
     match cmd {
         Cmd::Purge { limit } => Ok(Ok(Done::Purged(row::purge(conn, now, *limit)?))),
-        // Taken into the tally before any transaction (`Writer::run`).
-        Cmd::Replayed { .. } => Ok(Err(StoreError::Corrupt(
-            "internal: a replay's count reached a transaction".into(),
-        ))),
         Cmd::Claim(req) => {
             let token = FencingToken::random();
             // Most claims are of keys never seen (a replay the engine's completed-record
@@ -688,37 +700,49 @@ mod tests {
     /// Replays, a waiting duplicate's poll and a mismatch are answered from the writer's
     /// read and change nothing (nothing to fsync, no write lock taken); the replays are
     /// counted afterwards, once each, under `NORMAL`.
-    #[test]
-    fn a_batch_of_replays_changes_nothing_in_the_claims_transaction() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("idem.db");
-        let mut conn = schema::connect(&path, Duration::from_secs(5)).unwrap();
-        schema::prepare_writer(&mut conn, &path).unwrap();
-        let mut w = Writer::new(
+    /// A writer on a new file at `path`.
+    fn writer(path: &std::path::Path) -> Writer {
+        let mut conn = schema::connect(path, Duration::from_secs(5)).unwrap();
+        schema::prepare_writer(&mut conn, path).unwrap();
+        Writer::new(
             conn,
-            path,
+            path.to_owned(),
             Arc::new(SystemClock),
             Arc::new(Stats::default()),
             Duration::from_secs(5),
             Arc::new(AtomicBool::new(false)),
-        );
+        )
+    }
 
-        let (j, a) = job(Cmd::Claim(req("done", b"")));
+    /// Claims `key` and returns its token.
+    fn acquire(w: &mut Writer, key: &str) -> FencingToken {
+        let (j, a) = job(Cmd::Claim(req(key, b"")));
         w.commit_batch(vec![j], Sync::Full);
-        let Claim::Acquired(lease) = claimed(a) else {
-            panic!("a fresh key is acquired")
-        };
-        let (j, a) = job(Cmd::Complete {
+        match claimed(a) {
+            Claim::Acquired(lease) => lease.token,
+            other => panic!("a fresh key is acquired: {other:?}"),
+        }
+    }
+
+    fn completion(key: &str, token: FencingToken) -> Cmd {
+        Cmd::Complete {
             scope: Scope::anonymous(),
-            key: Key::new("done").unwrap(),
-            token: lease.token,
+            key: Key::new(key).unwrap(),
+            token,
             response: StoredResponse::new(200, "ok"),
-        });
+        }
+    }
+
+    #[test]
+    fn a_batch_of_replays_changes_nothing_in_the_claims_transaction() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut w = writer(&dir.path().join("idem.db"));
+
+        let token = acquire(&mut w, "done");
+        let (j, a) = job(completion("done", token));
         w.commit_batch(vec![j], Sync::Normal);
         assert!(matches!(a.blocking_recv(), Ok(Ok(Done::Record(_)))));
-        let (j, a) = job(Cmd::Claim(req("held", b"")));
-        w.commit_batch(vec![j], Sync::Full);
-        assert!(matches!(claimed(a), Claim::Acquired(_)));
+        acquire(&mut w, "held");
 
         let mut jobs = Vec::new();
         let mut answers = Vec::new();
@@ -762,5 +786,52 @@ mod tests {
             .unwrap()
             .unwrap();
         assert_eq!(rec.replays, 3);
+    }
+
+    /// A replay a reader thread answered can reach the writer in the second take of a round,
+    /// the one after the round's fast commit (here: queued behind a full batch). It goes to
+    /// the tally like the others; it is never applied in the claims' transaction, where it
+    /// would have been lost (and forced an fsync of its own).
+    #[test]
+    fn a_replay_queued_behind_a_full_batch_is_counted() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("idem.db");
+        let mut w = writer(&path);
+        let done = acquire(&mut w, "done");
+        let (j, a) = job(completion("done", done));
+        w.commit_batch(vec![j], Sync::Normal);
+        assert!(matches!(a.blocking_recv(), Ok(Ok(Done::Record(_)))));
+        let held = acquire(&mut w, "held");
+
+        let (tx, rx) = std::sync::mpsc::channel();
+        let mut answers = Vec::new();
+        let (j, a) = job(completion("held", held));
+        tx.send(Queued::Job(j)).unwrap();
+        answers.push(a);
+        for i in 1..MAX_BATCH {
+            let (j, a) = job(Cmd::Claim(req(&format!("fresh-{i}"), b"")));
+            tx.send(Queued::Job(j)).unwrap();
+            answers.push(a);
+        }
+        tx.send(Queued::Replayed(
+            Scope::anonymous(),
+            Key::new("done").unwrap(),
+            done,
+        ))
+        .unwrap();
+        drop(tx);
+        w.run(rx);
+
+        assert!(
+            answers
+                .into_iter()
+                .all(|mut a| matches!(a.try_recv(), Ok(Ok(_))))
+        );
+        let conn = schema::connect(&path, Duration::from_secs(5)).unwrap();
+        let rec = row::select(&conn, &Scope::anonymous(), &Key::new("done").unwrap())
+            .unwrap()
+            .unwrap()
+            .unwrap();
+        assert_eq!(rec.replays, 1, "the reader's replay was not counted");
     }
 }
