@@ -237,12 +237,8 @@ async fn replay(
         let Ok(k) = key(format!("done-{}", x % COMPLETED)) else {
             break;
         };
-        let started = Instant::now();
-        let got = store.claim(request(k)).await;
-        latencies.push(started.elapsed());
-        if let Err(e) = tally.count(got.map(|c| matches!(c, Claim::Completed(_)))) {
-            eprintln!("replay: {e}");
-        }
+        let completed = |c: &Claim| matches!(c, Claim::Completed(_));
+        timed_claim(&store, k, completed, &tally, &mut latencies, "replay").await;
     }
     latencies
 }
@@ -254,12 +250,25 @@ async fn poll(store: SqliteStore, stop: Arc<AtomicBool>, tally: Arc<Tally>) -> V
     while !stop.load(Ordering::Relaxed) {
         tick.tick().await;
         let Ok(k) = key("held".into()) else { break };
-        let started = Instant::now();
-        let got = store.claim(request(k)).await;
-        latencies.push(started.elapsed());
-        if let Err(e) = tally.count(got.map(|c| matches!(c, Claim::InFlight(_)))) {
-            eprintln!("poll: {e}");
-        }
+        let in_flight = |c: &Claim| matches!(c, Claim::InFlight(_));
+        timed_claim(&store, k, in_flight, &tally, &mut latencies, "poll").await;
     }
     latencies
+}
+
+/// Claims `k`, adding its latency to `latencies` and to `tally` whether it was `expected`.
+async fn timed_claim(
+    store: &SqliteStore,
+    k: Key,
+    expected: fn(&Claim) -> bool,
+    tally: &Tally,
+    latencies: &mut Vec<Duration>,
+    what: &str,
+) {
+    let started = Instant::now();
+    let got = store.claim(request(k)).await;
+    latencies.push(started.elapsed());
+    if let Err(e) = tally.count(got.map(|c| expected(&c))) {
+        eprintln!("{what}: {e}");
+    }
 }
