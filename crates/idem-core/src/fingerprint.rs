@@ -57,12 +57,12 @@ impl Fingerprint {
         content_type: Option<&str>,
         body: &[u8],
     ) -> Self {
-        let canonical = content_type
-            .filter(|ct| is_json_media_type(ct))
+        let essence = content_type.map(media_essence);
+        let canonical = essence
+            .as_deref()
+            .filter(|e| is_json_essence(e))
             .and_then(|_| canonical_json_bytes(body));
-        let essence = content_type
-            .map(media_essence)
-            .filter(|e| e != "application/json");
+        let essence = essence.filter(|e| e != "application/json");
         let (form, body) = match &canonical {
             Some(c) => (BodyForm::CanonicalJson, c.as_slice()),
             None => (BodyForm::Raw, body),
@@ -202,7 +202,11 @@ fn unsafe_numbers(v: &serde_json::Value, out: &mut Vec<String>) {
 
 /// `application/json`, `application/x+json`, with or without parameters, in any case.
 pub fn is_json_media_type(content_type: &str) -> bool {
-    let essence = media_essence(content_type);
+    is_json_essence(&media_essence(content_type))
+}
+
+/// Whether a media type's essence ([`media_essence`]) is JSON's.
+fn is_json_essence(essence: &str) -> bool {
     essence == "application/json"
         || (essence.starts_with("application/") && essence.ends_with("+json"))
 }

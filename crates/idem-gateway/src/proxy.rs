@@ -57,17 +57,34 @@ pub type UpstreamConnector = HttpsConnector<HttpConnector>;
 /// A service that forwards requests to one upstream, connecting to it with `C` (a tower
 /// `Service<Uri>` yielding connections): [`UpstreamConnector`] in `idem serve`; a simulated
 /// network in the deterministic simulation (`tests/simulation/`).
-#[derive(Debug, Clone)]
+///
+/// A handle on what it shares: tower clones a service for every request it calls (the layer
+/// once, the proxy once more for the forward's future), and one reference count is all such
+/// a clone costs, where copying the client, the upstream's URL and the settings was several.
+#[derive(Debug)]
 pub struct Proxy<C = UpstreamConnector> {
+    shared: Arc<Forwarding<C>>,
+}
+
+impl<C> Clone for Proxy<C> {
+    fn clone(&self) -> Self {
+        Proxy {
+            shared: Arc::clone(&self.shared),
+        }
+    }
+}
+
+/// What every clone of a [`Proxy`] forwards with.
+#[derive(Debug)]
+struct Forwarding<C> {
     client: Client<C, Body>,
     upstream: Uri,
     timeout: Duration,
     body_read: Duration,
     /// Whether `[upstream] ca_file` (or `--upstream-ca`) was given.
     has_ca_file: bool,
-    /// How the gateway's own refusals are written: as the layer writes its own. Shared: the
-    /// proxy is cloned for every request it forwards.
-    problems: Arc<ProblemFormat>,
+    /// How the gateway's own refusals are written: as the layer writes its own.
+    problems: ProblemFormat,
 }
 
 /// Hop-by-hop headers (RFC 9110 §7.6.1), never forwarded in either direction.
@@ -256,19 +273,22 @@ impl<C: Connect + Clone + Send + Sync + 'static> Proxy<C> {
             .retry_canceled_requests(true)
             .build(connector);
         Proxy {
-            client,
-            upstream: settings.upstream.clone(),
-            timeout,
-            body_read: settings.body_read_timeout,
-            has_ca_file: settings.upstream_ca_file.is_some(),
-            problems: Arc::new(settings.layer.problems.clone()),
+            shared: Arc::new(Forwarding {
+                client,
+                upstream: settings.upstream.clone(),
+                timeout,
+                body_read: settings.body_read_timeout,
+                has_ca_file: settings.upstream_ca_file.is_some(),
+                problems: settings.layer.problems.clone(),
+            }),
         }
     }
 
     fn upstream_authority(&self) -> String {
-        self.upstream
+        self.shared
+            .upstream
             .authority()
-            .map_or_else(|| self.upstream.to_string(), ToString::to_string)
+            .map_or_else(|| self.shared.upstream.to_string(), ToString::to_string)
     }
 
     /// The upstream URL of a request: the upstream's prefix, then the request's path and query
@@ -290,8 +310,8 @@ impl<C: Connect + Clone + Send + Sync + 'static> Proxy<C> {
         };
         idem_http::screen_path(uri.path())
             .map_err(|e| Unforwardable::Refused(Problem::RequestInvalid(e.to_string())))?;
-        let prefix = self.upstream.path().trim_end_matches('/');
-        let mut parts = self.upstream.clone().into_parts();
+        let prefix = self.shared.upstream.path().trim_end_matches('/');
+        let mut parts = self.shared.upstream.clone().into_parts();
         // Without a prefix the request's own path and query are forwarded as they are: a
         // clone of shared bytes, not a string to format and parse again.
         let pq = if prefix.is_empty() {
@@ -319,7 +339,7 @@ impl<C: Connect + Clone + Send + Sync + 'static> Proxy<C> {
     /// The gateway's own answer, in the layer's envelope, telling the layer whether anything
     /// was sent.
     fn failure(&self, problem: &Problem, executed: Executed) -> Response<Body> {
-        let mut resp = problem.render(&self.problems).map(|bytes| {
+        let mut resp = problem.render(&self.shared.problems).map(|bytes| {
             http_body_util::Full::new(bytes)
                 .map_err(|never| match never {})
                 .boxed_unsync()
@@ -383,13 +403,15 @@ impl<C: Connect + Clone + Send + Sync + 'static> Proxy<C> {
         // arrive within `body_read`; past it the upstream sees the body fail, and the client's
         // connection, its body unread, is closed after the answer.
         let req = req.map(|body| {
-            Deadline::new(body, tokio::time::Instant::now() + self.body_read, || {
-                Box::new(BodyTimedOut)
-            })
+            Deadline::new(
+                body,
+                tokio::time::Instant::now() + self.shared.body_read,
+                || Box::new(BodyTimedOut),
+            )
             .boxed_unsync()
         });
-        let deadline = tokio::time::Instant::now() + self.timeout;
-        match tokio::time::timeout_at(deadline, self.client.request(req)).await {
+        let deadline = tokio::time::Instant::now() + self.shared.timeout;
+        match tokio::time::timeout_at(deadline, self.shared.client.request(req)).await {
             Ok(Ok(resp)) => {
                 let (mut parts, body) = resp.into_parts();
                 strip_hop_by_hop(&mut parts.headers);
@@ -408,15 +430,15 @@ impl<C: Connect + Clone + Send + Sync + 'static> Proxy<C> {
             // The client's body was too slow: the upstream saw part of it, so whether it acted
             // is unknown (a keyed request's body was buffered before, so none gets here).
             Ok(Err(e)) if in_chain::<BodyTimedOut>(&e) => {
-                tracing::info!(timeout = ?self.body_read, "a request body did not arrive in time; cut off upstream");
-                let mut resp = self.refuse(&Problem::BodyTimeout(self.body_read));
+                tracing::info!(timeout = ?self.shared.body_read, "a request body did not arrive in time; cut off upstream");
+                let mut resp = self.refuse(&Problem::BodyTimeout(self.shared.body_read));
                 resp.extensions_mut().insert(Executed::Unknown);
                 resp
             }
             // The TLS handshake failed, in the connector: nothing was sent.
             Ok(Err(e)) if e.is_connect() && tls_error(&e).is_some() => {
                 let tls = tls_error(&e).map(ToString::to_string).unwrap_or_default();
-                let hint = tls_error(&e).map_or("", |tls| tls_hint(tls, self.has_ca_file));
+                let hint = tls_error(&e).map_or("", |tls| tls_hint(tls, self.shared.has_ca_file));
                 self.failure(
                     &Problem::UpstreamUnreachable(format!("TLS with the upstream at {} failed: {tls}{hint}; nothing was sent, so a retry is safe", self.upstream_authority())),
                     Executed::NotSent,
@@ -433,7 +455,7 @@ impl<C: Connect + Clone + Send + Sync + 'static> Proxy<C> {
                 Executed::Unknown,
             ),
             Err(_) => self.failure(
-                &Problem::UpstreamTimeout(format!("the upstream at {} did not answer within {:?}; whether it acted is unknown", self.upstream_authority(), self.timeout)),
+                &Problem::UpstreamTimeout(format!("the upstream at {} did not answer within {:?}; whether it acted is unknown", self.upstream_authority(), self.shared.timeout)),
                 Executed::Unknown,
             ),
         }
