@@ -39,6 +39,14 @@ impl PoolMode {
 /// A PgBouncer [`PgBouncer::shared`] started, or why it could not.
 type Started = (PoolMode, Result<PgBouncer, String>);
 
+/// The roles a test may connect through PgBouncer as (its `auth_file`; authentication is
+/// `trust`): `postgres`, and [`PROBE_ROLE`].
+const USERS: &str = "\"postgres\" \"\"\n\"idem_probe\" \"\"\n";
+
+/// A role a test makes on the server for itself, with settings of its own (`ALTER ROLE`),
+/// which the other tests must not see.
+pub const PROBE_ROLE: &str = "idem_probe";
+
 /// A running PgBouncer; stopped and its directory removed when dropped.
 #[derive(Debug)]
 pub struct PgBouncer {
@@ -87,7 +95,7 @@ impl PgBouncer {
             pool_mode = mode.pool_mode(),
         );
         let ini = dir.join("pgbouncer.ini");
-        let written = std::fs::write(dir.join("users.txt"), "\"postgres\" \"\"\n")
+        let written = std::fs::write(dir.join("users.txt"), USERS)
             .and_then(|()| std::fs::write(&ini, config))
             .and_then(|()| readable_by_all(&dir));
         if let Err(e) = written {

@@ -218,10 +218,13 @@ const CANCEL_BOUND: Duration = Duration::from_secs(5);
 /// timeout, until the server's connection slots ran out for everyone who shares it
 /// (`tests/failover.rs`, `a_stalled_synchronous_standby_leaves_no_backend_waiting`).
 ///
-/// The cancel changes nothing that was decided: PostgreSQL keeps a commit whose wait was
-/// cancelled (it was already flushed locally), as it would once the standby came back, and
-/// whoever was waiting for it has been told the store was unavailable, so no effect ran on
-/// it.
+/// What the cancel changes: PostgreSQL keeps a commit whose wait was cancelled (it was
+/// already flushed locally), and makes it visible at once, before any standby has it, where
+/// it would otherwise have become visible once the standby came back. Nobody was told that
+/// claim was acquired (its caller was told the store was unavailable, and no future that
+/// could read the commit's answer is left: the checkout is dropped with the operation), so no
+/// effect runs on it: other requests see the key in flight, and a failover may lose the row,
+/// as it may lose any claim nobody heard of.
 fn cancel_then_close(client: deadpool_postgres::ClientWrapper) {
     let Ok(runtime) = tokio::runtime::Handle::try_current() else {
         // Outside a runtime (a store dropped at exit) there is nothing to send it with.
@@ -452,6 +455,12 @@ impl Inner {
         self.checkout(&self.pool, Lane::Claim).await
     }
 
+    /// A connection of the claim lane's pool for a read, which commits nothing and so never
+    /// waits for a standby: nothing to cancel if it gives up.
+    pub(crate) async fn read_client(&self) -> Result<Checkout, StoreError> {
+        self.checkout(&self.pool, Lane::Read).await
+    }
+
     pub(crate) async fn after_commit_client(&self) -> Result<Checkout, StoreError> {
         self.checkout(&self.after_commit, Lane::AfterCommit).await
     }
@@ -460,14 +469,14 @@ impl Inner {
     ///
     /// Its statement is cancelled if the operation gives up, on the claim lane of a direct
     /// connection: there a commit can wait on the standby with no bound of the server's
-    /// ([`cancel_then_close`]). The after-commit lane's statements end at
-    /// `statement_timeout`, and a completion, release or extend that lands late is still worth
-    /// having. Behind a pooler no cancel is sent: tokio-postgres closes its cancel connection
+    /// ([`cancel_then_close`]). A read commits nothing; the after-commit lane's statements end
+    /// at `statement_timeout`, and a completion, release or extend that lands late is still
+    /// worth having. Behind a pooler (found out, or `pooler=transaction`) no cancel is sent: tokio-postgres closes its cancel connection
     /// as soon as the request is written, and PgBouncer 1.18 (Debian 12's) can crash on a
     /// cancel client that leaves before the server has answered (pgbouncer/pgbouncer#801,
     /// fixed in 1.20).
     pub(crate) async fn checkout(&self, pool: &Pool, lane: Lane) -> Result<Checkout, StoreError> {
-        let cancels = lane != Lane::AfterCommit && !self.pooled;
+        let cancels = lane == Lane::Claim && !self.pooled;
         pool.get()
             .await
             .map(|client| Checkout::new(client, cancels))
@@ -591,7 +600,7 @@ fn values<'a>(params: &Params<'a>) -> Vec<&'a (dyn ToSql + Sync)> {
 /// defaults: as startup options on a direct connection, or `SET LOCAL` in each transaction
 /// behind a pooler.
 pub(crate) struct Settings {
-    pub(crate) lock_ms: i64,
+    lock_ms: i64,
     statement_ms: i64,
 }
 

@@ -18,7 +18,7 @@ impl Inner {
         let rank = filter.state.map(|s| i32::from(state_rank(s)));
         inner
             .bounded(async {
-                let client = inner.client().await?;
+                let client = inner.read_client().await?;
                 let rows = inner
                     .query(
                         &*client,

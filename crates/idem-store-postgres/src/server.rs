@@ -7,7 +7,7 @@
 //! as the Redis store does: a shortfall is refused, naming the setting to change, unless the
 //! URL says `durability=volatile`.
 
-use idem_core::StoreError;
+use idem_core::{FencingToken, StoreError};
 use tokio_postgres::NoTls;
 
 use crate::inner::{Lane, Settings};
@@ -41,12 +41,18 @@ pub(crate) async fn probe(opts: &PgOptions) -> Result<Probe, StoreError> {
     let (client, pooled) = match opts.pooler {
         Pooler::Transaction => (open(&opts.config).await?, true),
         Pooler::Detect | Pooler::None => {
-            match open(&settings.startup(&opts.config, Lane::Claim)).await {
+            let nonce = FencingToken::random().to_string();
+            match open(&with_probe(
+                settings.startup(&opts.config, Lane::Claim),
+                &nonce,
+            ))
+            .await
+            {
                 Ok(client) => {
                     // A pooler told to ignore startup options (PgBouncer's
                     // `ignore_startup_parameters = options`) drops them silently: the
                     // claims would run without `synchronous_commit=on`.
-                    if applied(&client, settings.lock_ms).await? {
+                    if applied(&client, &nonce).await? {
                         (client, false)
                     } else if opts.pooler == Pooler::None {
                         return Err(no_options(
@@ -115,17 +121,34 @@ fn no_options(why: &str) -> StoreError {
     )
 }
 
-/// Whether the connection runs with idem's `lock_timeout`, i.e. its startup options arrived.
-async fn applied(client: &tokio_postgres::Client, lock_ms: i64) -> Result<bool, StoreError> {
+/// The probe's name for the random value it sends among the startup options.
+const PROBE_SETTING: &str = "idem.probe";
+
+/// `config` with one more startup option, [`PROBE_SETTING`] set to `nonce`: a setting no
+/// server, role or database has of its own, so the probe can tell whether the options
+/// arrived. (Comparing one of idem's own settings would not do: a role whose
+/// `lock_timeout` already equals idem's made a pooler that drops the options look like a
+/// direct connection.)
+fn with_probe(mut config: tokio_postgres::Config, nonce: &str) -> tokio_postgres::Config {
+    let options = format!(
+        "{} -c {PROBE_SETTING}={nonce}",
+        config.get_options().unwrap_or_default()
+    );
+    config.options(options.trim_start());
+    config
+}
+
+/// Whether the connection's startup options arrived: it has the probe's `nonce`.
+async fn applied(client: &tokio_postgres::Client, nonce: &str) -> Result<bool, StoreError> {
     let rows = client
-        .simple_query("SELECT setting FROM pg_settings WHERE name = 'lock_timeout'")
+        .simple_query(&format!("SELECT current_setting('{PROBE_SETTING}', true)"))
         .await
         .map_err(|e| unavailable("read settings", e))?;
     let setting = rows.iter().find_map(|m| match m {
         tokio_postgres::SimpleQueryMessage::Row(r) => r.get(0).map(str::to_owned),
         _ => None,
     });
-    Ok(setting.as_deref() == Some(lock_ms.to_string().as_str()))
+    Ok(setting.as_deref() == Some(nonce))
 }
 
 async fn read_durability(

@@ -248,7 +248,7 @@ impl Store for PgStore {
         let inner = &self.inner;
         inner
             .bounded(async {
-                let client = inner.client().await?;
+                let client = inner.read_client().await?;
                 let (now, existing) = inner.read_on(&*client, &inner.sql.get, scope, key).await?;
                 Ok(machine::read(existing, now))
             })

@@ -8,7 +8,7 @@
 
 use std::time::Duration;
 
-use idem_conformance::pgbouncer::{PgBouncer, PoolMode};
+use idem_conformance::pgbouncer::{PROBE_ROLE, PgBouncer, PoolMode};
 use idem_core::{AbandonedPolicy, Claim, ClaimRequest, Fingerprint, Key, Scope, Store};
 use idem_store_postgres::{PgOptions, PgStore};
 
@@ -66,6 +66,47 @@ async fn a_pooler_is_found_out_whether_it_refuses_or_drops_the_startup_options()
     assert!(
         !store.behind_pooler(),
         "a direct connection taken for a pooler"
+    );
+    ok(store.drop_schema().await);
+}
+
+/// A pooler that drops the startup options is found out even when the role's own settings
+/// happen to equal idem's: here `lock_timeout = 2s`, which is idem's with the default 10 s
+/// operation timeout. A probe that compared `lock_timeout` took that pooler for a direct
+/// connection, and would have sent named statements, and cancels, through it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pooler_is_found_out_whatever_the_roles_own_settings() {
+    let test = "a_pooler_is_found_out_whatever_the_roles_own_settings";
+    let Some(url) = through(test, PoolMode::TransactionIgnoringOptions, "") else {
+        return;
+    };
+    let (admin, connection) = ok(tokio_postgres::connect(
+        "host=127.0.0.1 port=5432 user=postgres dbname=test",
+        tokio_postgres::NoTls,
+    )
+    .await);
+    tokio::spawn(connection);
+    // The role may be left from an earlier run; each statement holds either way.
+    let _ = admin
+        .batch_execute(&format!("CREATE ROLE {PROBE_ROLE} LOGIN"))
+        .await;
+    ok(admin
+        .batch_execute(&format!(
+            "GRANT CREATE ON DATABASE test TO {PROBE_ROLE}; \
+             ALTER ROLE {PROBE_ROLE} SET lock_timeout = '2s'"
+        ))
+        .await);
+    let url = url.replacen("postgres@", &format!("{PROBE_ROLE}@"), 1);
+    let opts = options(&url);
+    assert_eq!(
+        opts.op_timeout,
+        Duration::from_secs(10),
+        "the default bound"
+    );
+    let store = ok(PgStore::connect(opts).await);
+    assert!(
+        store.behind_pooler(),
+        "a pooler that drops the options taken for a direct connection"
     );
     ok(store.drop_schema().await);
 }
