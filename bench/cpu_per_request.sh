@@ -6,7 +6,9 @@
 # request it completes does not move that way. So each row is measured as: user + system CPU
 # of the measured process (all its threads, from /proc/PID/stat) over the run, divided by the
 # requests wrk completed, and compared with the same figure for nginx as a plain reverse proxy
-# measured in the same run. Requests/s and p99 stay beside it, for reference only.
+# measured in the same run, first and again last: the ratio is to the mean of the two, since
+# the machine moves while the rows run (nginx alone has read 14 µs in one run and 18 µs in the
+# next, minutes apart). Requests/s and p99 stay beside it, for reference only.
 #
 # Every proxy runs in its own process against one upstream: a separate nginx answering 201
 # with a small JSON body. The rows:
@@ -122,13 +124,16 @@ wait_port() { # PORT
   exit 1
 }
 
-NGINX_CPU=
-# Runs wrk against PORT with SCRIPT and prints the row. PIDS are the measured process's;
+# Each row's line, kept until nginx has been measured again at the end: the ratios are to
+# the mean of its two runs, first and last (the machine moves while the rows run).
+ROWS_OUT=$WORK/rows
+NGINX_RUNS=()
+# Runs wrk against PORT with SCRIPT and keeps the row. PIDS are the measured process's;
 # SERVER_PIDS a function printing the store server's PIDs (or empty); THREADS_OF a PID whose
 # threads are split (or empty).
 row() { # LABEL PORT SCRIPT PATH "PIDS" SERVER_PIDS THREADS_OF
   local label=$1 port=$2 script=$3 path=$4 pids=$5 server=$6 split_of=$7
-  local c0 c1 s0=0 s1=0 spids="" out n rps p99 non2xx cpu ratio scpu="" split=""
+  local c0 c1 s0=0 s1=0 spids="" out n rps p99 non2xx cpu scpu="" split=""
   [ -n "$server" ] && spids=$($server)
   c0=$(ticks $pids)
   [ -n "$spids" ] && s0=$(ticks $spids)
@@ -141,8 +146,7 @@ row() { # LABEL PORT SCRIPT PATH "PIDS" SERVER_PIDS THREADS_OF
   p99=$(awk '$1=="99%" {print $2}' <<<"$out")
   non2xx=$(awk '/Non-2xx/ {print $5}' <<<"$out")
   cpu=$(awk -v c=$((c1 - c0)) -v n="$n" -v t="$TICK" 'BEGIN {printf "%.1f", c / t * 1e6 / n}')
-  if [ -z "$NGINX_CPU" ]; then NGINX_CPU=$cpu; fi
-  ratio=$(awk -v a="$cpu" -v b="$NGINX_CPU" 'BEGIN {printf "%.2f", a / b}')
+  case $label in nginx*) NGINX_RUNS+=("$cpu") ;; esac
   [ -n "$spids" ] && scpu=$(awk -v c=$((s1 - s0)) -v n="$n" -v t="$TICK" 'BEGIN {printf "%.1f", c / t * 1e6 / n}')
   if [ -n "$split_of" ]; then
     threads "$split_of" >"$WORK/after"
@@ -150,7 +154,20 @@ row() { # LABEL PORT SCRIPT PATH "PIDS" SERVER_PIDS THREADS_OF
       <(awk '{a[$1] += $2} END {for (k in a) print k, a[k]}' "$WORK/after" | sort) |
       awk -v n="$n" -v t="$TICK" '$3 > $2 {printf "%s %.1f; ", $1, ($3 - $2) / t * 1e6 / n}')
   fi
-  printf '| %s | %s | %s | %s | **%s** | %s | %s |\n' "$label" "$rps" "$p99" "${non2xx:-0}" "$cpu" "$ratio" "${scpu:-}${split:+ ($split)}"
+  printf '%s\t%s\t%s\t%s\t%s\t%s\n' "$label" "$rps" "$p99" "${non2xx:-0}" "$cpu" "${scpu:-}${split:+ ($split)}" >>"$ROWS_OUT"
+}
+
+# Prints the kept rows, each with its ratio to the mean of nginx's runs.
+print_rows() {
+  local mean
+  mean=$(printf '%s\n' "${NGINX_RUNS[@]}" | awk '{s += $1} END {printf "%.2f", s / NR}')
+  awk -F'\t' -v m="$mean" '{
+    r = ($5 == "" ? "" : sprintf("%.2f", $5 / m))
+    if ($5 == "") printf "| %s | | | | | | |\n", $1
+    else printf "| %s | %s | %s | %s | **%s** | %s | %s |\n", $1, $2, $3, $4, $5, r, $6
+  }' "$ROWS_OUT"
+  echo
+  echo "× nginx: to the mean of nginx's two runs, ${NGINX_RUNS[*]} µs (first and last), $mean µs."
 }
 
 # Starts `idem serve` on PORT with STORE (and CONFIG, idem.toml unless given); sets GW.
@@ -231,9 +248,11 @@ echo "wrk -t2 -c$CONNS -d${DURATION}s per row, $(nproc) cores, $(date -u +%Y-%m-
 echo
 echo '| row | requests/s | p99 | non-2xx | CPU µs/request | × nginx | store server CPU µs/request (and the split by thread) |'
 echo '|---|---:|---:|---:|---:|---:|---|'
-# nginx's row comes first in every run: it is the denominator.
-row "nginx reverse proxy (1 worker, keep-alive upstream)" 18302 same.lua /v1/charges \
-  "$(pgrep -d ' ' -P "$(cat "$WORK/proxy/nginx.pid")")" "" ""
+# nginx's row comes first and last in every run: the mean of the two is the denominator.
+nginx_row() { # LABEL
+  row "$1" 18302 same.lua /v1/charges "$(pgrep -d ' ' -P "$(cat "$WORK/proxy/nginx.pid")")" "" ""
+}
+nginx_row "nginx reverse proxy (1 worker, keep-alive upstream)"
 for r in $ROWS; do
   case $r in
     nginx) ;;
@@ -248,9 +267,11 @@ for r in $ROWS; do
         peer_rows memory 18307 ""
         peer_rows Redis 18308 "127.0.0.1:6379"
       else
-        echo "| idempotent-proxy: skipped (PEER_BIN is not set to its built server) | | | | | | |"
+        printf 'idempotent-proxy: skipped (PEER_BIN is not set to its built server)\t\t\t\t\t\n' >>"$ROWS_OUT"
       fi
       ;;
     *) echo "unknown row: $r" >&2; exit 2 ;;
   esac
 done
+nginx_row "nginx reverse proxy, again at the end"
+print_rows
