@@ -17,7 +17,7 @@ use tokio::sync::oneshot;
 use crate::checkpoint::Checkpointer;
 use crate::readers::Readers;
 use crate::stopping::{join_until, lock};
-use crate::writer::{Cmd, Done, Job, Queued, Stats, Writer, settled_by_a_read};
+use crate::writer::{Cmd, Done, Job, Queued, Stats, Writer, replayed, settled_by_a_read};
 use crate::{row, schema};
 
 /// Counters of the writer thread.
@@ -247,11 +247,9 @@ impl SqliteStore {
             return Ok(None);
         };
         let claim = settled_by_a_read(&rec, req, now);
-        if let Some(Claim::Completed(replayed)) = &claim {
-            let counted =
-                Queued::Replayed(replayed.scope.clone(), replayed.key.clone(), replayed.token);
+        if let Some(record) = claim.as_ref().and_then(replayed) {
             // Bookkeeping: the replay is answered whether or not it is counted.
-            let _ = self.queue(counted);
+            let _ = self.queue(Queued::Replayed(record));
         }
         Ok(claim)
     }

@@ -97,13 +97,24 @@ pub(crate) enum Queued {
     Job(Job),
     /// A replay a reader thread answered (while this writer waited for another process's
     /// write lock): added to the tally, never written in a transaction. Nobody waits for it.
-    Replayed(Scope, Key, FencingToken),
+    Replayed(Replayed),
+}
+
+/// The record a replay repeated: what its count is kept by.
+pub(crate) type Replayed = (Scope, Key, FencingToken);
+
+/// The record `claim` replayed, if it is a replay.
+pub(crate) fn replayed(claim: &Claim) -> Option<Replayed> {
+    match claim {
+        Claim::Completed(r) => Some((r.scope.clone(), r.key.clone(), r.token)),
+        _ => None,
+    }
 }
 
 /// Replays answered since the last count, by record. A replay must cost no durable write
 /// ([design §9](docs/design.md#9-performance-shape)): they are added up here and written
 /// every [`COUNT_EVERY`], one statement per record, under `synchronous=NORMAL`.
-type ReplayTally = HashMap<(Scope, Key, FencingToken), u32>;
+type ReplayTally = HashMap<Replayed, u32>;
 
 /// The answer to `req` that a read of its record settles without a write: a replay, a lease
 /// in flight, another fingerprint, an abandoned lease under `reject`. `None` when the claim
@@ -118,7 +129,7 @@ pub(crate) fn settled_by_a_read(rec: &Record, req: &ClaimRequest, now: Timestamp
 }
 
 /// Adds `n` replays of one record to `tally`.
-fn add_replays(tally: &mut ReplayTally, record: (Scope, Key, FencingToken), n: u32) {
+fn add_replays(tally: &mut ReplayTally, record: Replayed, n: u32) {
     let counted = tally.entry(record).or_insert(0);
     *counted = counted.saturating_add(n);
 }
@@ -286,9 +297,7 @@ impl Writer {
     fn take(&mut self, queued: Queued, batch: &mut Vec<Job>) {
         match queued {
             Queued::Job(job) => batch.push(job),
-            Queued::Replayed(scope, key, token) => {
-                add_replays(&mut self.replays, (scope, key, token), 1);
-            }
+            Queued::Replayed(record) => add_replays(&mut self.replays, record, 1),
         }
     }
 
@@ -435,14 +444,12 @@ impl Writer {
             let Some(reply) = reply else { continue };
             // A replay the write found (its read failed, or another process completed the key
             // in between) is counted as one the read answered.
-            let replayed = match &outcome {
-                Ok(Done::Claim(Claim::Completed(r))) => {
-                    Some((r.scope.clone(), r.key.clone(), r.token))
-                }
+            let replay = match &outcome {
+                Ok(Done::Claim(claim)) => replayed(claim),
                 _ => None,
             };
             let sent = reply.send(outcome);
-            if let (true, Some(id)) = (sent.is_ok(), replayed) {
+            if let (true, Some(id)) = (sent.is_ok(), replay) {
                 add_replays(&mut self.replays, id, 1);
             }
             if let Err(Ok(Done::Claim(Claim::Acquired(lease)))) = sent {
@@ -510,12 +517,9 @@ impl Writer {
             left = (cmds, replies);
         }
         for (claim, reply) in answered {
-            let replayed = match &claim {
-                Claim::Completed(r) => Some((r.scope.clone(), r.key.clone(), r.token)),
-                _ => None,
-            };
+            let replay = replayed(&claim);
             let heard = reply.is_some_and(|r| r.send(Ok(Done::Claim(claim))).is_ok());
-            if let (true, Some(id)) = (heard, replayed) {
+            if let (true, Some(id)) = (heard, replay) {
                 add_replays(&mut self.replays, id, 1);
             }
         }
@@ -813,11 +817,11 @@ mod tests {
             tx.send(Queued::Job(j)).unwrap();
             answers.push(a);
         }
-        tx.send(Queued::Replayed(
+        tx.send(Queued::Replayed((
             Scope::anonymous(),
             Key::new("done").unwrap(),
             done,
-        ))
+        )))
         .unwrap();
         drop(tx);
         w.run(rx);

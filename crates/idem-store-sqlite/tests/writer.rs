@@ -25,6 +25,26 @@ fn req(k: &str, lease: Duration, on_abandoned: AbandonedPolicy) -> ClaimRequest 
     }
 }
 
+/// A claim of `k` with a 30 s lease, under `reject`: the claim most tests make.
+fn claim_of(k: &str) -> ClaimRequest {
+    req(k, Duration::from_secs(30), AbandonedPolicy::Reject)
+}
+
+/// The record's replay count once it reaches `n`, or as it stands after two seconds: counts
+/// are written every 250 ms, after their round.
+async fn replays_reaching(store: &SqliteStore, scope: &Scope, key: &Key, n: u32) -> u32 {
+    let mut replays = 0;
+    for _ in 0..100 {
+        let record = store.get(scope, key).await.expect("a read");
+        replays = record.expect("the record").replays;
+        if replays >= n {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    replays
+}
+
 /// A store's options on the system clock with these two bounds.
 fn options(busy_timeout: Duration, op_timeout: Duration) -> SqliteOptions {
     SqliteOptions {
@@ -36,7 +56,7 @@ fn options(busy_timeout: Duration, op_timeout: Duration) -> SqliteOptions {
 
 /// Claims `k` and completes it with a 200: a record that replays find.
 async fn completed(store: &SqliteStore, k: &str) -> (Scope, Key) {
-    let r = req(k, Duration::from_secs(30), AbandonedPolicy::Reject);
+    let r = claim_of(k);
     let (scope, key) = (r.scope.clone(), r.key.clone());
     let Ok(Claim::Acquired(l)) = store.claim(r).await else {
         panic!("{k}: a fresh key is acquired");
@@ -54,11 +74,7 @@ fn spawn_claim(
     k: &'static str,
 ) -> tokio::task::JoinHandle<Result<Claim, idem_core::StoreError>> {
     let store = store.clone();
-    tokio::spawn(async move {
-        store
-            .claim(req(k, Duration::from_secs(30), AbandonedPolicy::Reject))
-            .await
-    })
+    tokio::spawn(async move { store.claim(claim_of(k)).await })
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -159,11 +175,7 @@ async fn a_claim_whose_caller_went_away_is_released() {
     let lock = WriteLock::hold(&path).unwrap();
     let claim = tokio::spawn({
         let store = store.clone();
-        async move {
-            store
-                .claim(req("k", Duration::from_secs(30), AbandonedPolicy::Reject))
-                .await
-        }
+        async move { store.claim(claim_of("k")).await }
     });
     tokio::time::sleep(Duration::from_millis(200)).await; // queued behind the lock
     claim.abort();
@@ -191,9 +203,7 @@ async fn a_claim_whose_caller_went_away_is_released() {
         matches!(last, Some(Ok(None))),
         "the orphaned claim was not released: {last:?}"
     );
-    let again = store
-        .claim(req("k", Duration::from_secs(30), AbandonedPolicy::Reject))
-        .await;
+    let again = store.claim(claim_of("k")).await;
     assert!(
         matches!(again, Ok(Claim::Acquired(ref l)) if l.attempt == 1),
         "{again:?}"
@@ -240,9 +250,7 @@ async fn a_stalled_writer_answers_unavailable_at_the_bound_and_grants_nobody() {
     ));
     drop(lock);
     for k in ["a", "b"] {
-        let again = store
-            .claim(req(k, Duration::from_secs(30), AbandonedPolicy::Reject))
-            .await;
+        let again = store.claim(claim_of(k)).await;
         assert!(
             matches!(again, Ok(Claim::Acquired(ref l)) if l.attempt == 1),
             "{k}: {again:?}"
@@ -287,14 +295,7 @@ async fn replays_beside_a_batch_retried_one_by_one_are_counted_once() {
     let got = good.await.unwrap();
     assert!(matches!(got, Ok(Claim::Acquired(_))), "{got:?}");
     // Counted within a quarter second or so; then the count must stay exact.
-    let mut replays = 0;
-    for _ in 0..100 {
-        replays = store.get(&scope, &key).await.unwrap().unwrap().replays;
-        if replays >= 5 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    let replays = replays_reaching(&store, &scope, &key, 5).await;
     tokio::time::sleep(Duration::from_millis(400)).await;
     let settled = store.get(&scope, &key).await.unwrap().unwrap().replays;
     assert_eq!((replays, settled), (5, 5), "each replay counted once");
@@ -310,42 +311,34 @@ async fn a_write_lock_held_elsewhere_does_not_hold_up_what_a_read_answers() {
     let path = dir.path().join("idem.db");
     let options = options(Duration::from_secs(3), Duration::from_secs(30));
     let store = SqliteStore::open_with(&path, options).unwrap();
-    let claim = |k: &str| req(k, Duration::from_secs(30), AbandonedPolicy::Reject);
     let (scope, key) = completed(&store, "done").await;
     assert!(matches!(
-        store.claim(claim("held")).await,
+        store.claim(claim_of("held")).await,
         Ok(Claim::Acquired(_))
     ));
 
     let lock = WriteLock::hold(&path).unwrap();
     for _ in 0..3 {
-        let got = store.claim(claim("done")).await;
+        let got = store.claim(claim_of("done")).await;
         assert!(matches!(got, Ok(Claim::Completed(_))), "{got:?}");
     }
-    let got = store.claim(claim("held")).await;
+    let got = store.claim(claim_of("held")).await;
     assert!(matches!(got, Ok(Claim::InFlight(_))), "{got:?}");
-    let mut other = claim("done");
+    let mut other = claim_of("done");
     other.fingerprint = Fingerprint::from_bytes([9; 32]);
     let got = store.claim(other).await;
     assert!(matches!(got, Ok(Claim::Mismatch(_))), "{got:?}");
     // A fresh key must write: it waits for the lock, which outlasts the busy timeout.
-    let got = store.claim(claim("fresh")).await;
+    let got = store.claim(claim_of("fresh")).await;
     assert!(matches!(got, Err(ref e) if e.is_unavailable()), "{got:?}");
     drop(lock);
 
     // The next round writes the replays kept while the lock was taken.
     assert!(matches!(
-        store.claim(claim("after")).await,
+        store.claim(claim_of("after")).await,
         Ok(Claim::Acquired(_))
     ));
-    let mut replays = 0;
-    for _ in 0..100 {
-        replays = store.get(&scope, &key).await.unwrap().unwrap().replays;
-        if replays >= 3 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    let replays = replays_reaching(&store, &scope, &key, 3).await;
     assert_eq!(replays, 3);
 }
 
@@ -360,46 +353,21 @@ async fn a_replay_behind_a_write_waiting_for_the_lock_is_answered_meanwhile() {
     let store = SqliteStore::open_with(&path, options).unwrap();
     let (scope, key) = completed(&store, "done").await;
     assert!(matches!(
-        store
-            .claim(req(
-                "held",
-                Duration::from_secs(30),
-                AbandonedPolicy::Reject
-            ))
-            .await,
+        store.claim(claim_of("held")).await,
         Ok(Claim::Acquired(_))
     ));
     let lock = WriteLock::hold(&path).unwrap();
     let fresh = spawn_claim(&store, "fresh");
     tokio::time::sleep(Duration::from_millis(200)).await;
     for _ in 0..3 {
-        let got = store
-            .claim(req(
-                "done",
-                Duration::from_secs(30),
-                AbandonedPolicy::Reject,
-            ))
-            .await;
+        let got = store.claim(claim_of("done")).await;
         assert!(matches!(got, Ok(Claim::Completed(_))), "{got:?}");
     }
-    let got = store
-        .claim(req(
-            "held",
-            Duration::from_secs(30),
-            AbandonedPolicy::Reject,
-        ))
-        .await;
+    let got = store.claim(claim_of("held")).await;
     assert!(matches!(got, Ok(Claim::InFlight(_))), "{got:?}");
     drop(lock);
     // Acquired, or refused if its caller's bound passed first: either is right here.
     let _ = fresh.await.unwrap();
-    let mut replays = 0;
-    for _ in 0..100 {
-        replays = store.get(&scope, &key).await.unwrap().unwrap().replays;
-        if replays >= 3 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    let replays = replays_reaching(&store, &scope, &key, 3).await;
     assert_eq!(replays, 3);
 }
