@@ -53,7 +53,12 @@ impl Opener {
                 client: resp3_client(url)?,
                 config: ConnectionManagerConfig::new()
                     .set_connection_timeout(Some(timeout))
-                    .set_response_timeout(Some(timeout))
+                    // No timer of the client's own per call: every call on the connection is
+                    // bounded by the store's operation timeout already (`within`), and a
+                    // timeout makes the manager reconnect neither way (it reconnects when the
+                    // connection drops). The second timer cost a Redis new key about 2,000
+                    // instructions (docs/benchmarks.md, "Redis replies and script calls").
+                    .set_response_timeout(None)
                     .set_number_of_retries(2)
                     .set_max_delay(Duration::from_millis(500)),
             }),

@@ -51,12 +51,17 @@ pub(crate) fn shard_of(scope: &Scope, key: &Key) -> u16 {
 pub(crate) struct Shard {
     /// `PREFIX:{PREFIX.N}:`, which every key of the shard starts with.
     base: String,
+    live: String,
+    expiry: String,
 }
 
 impl Shard {
     pub(crate) fn new(prefix: &str, n: u16) -> Self {
+        let base = format!("{prefix}:{{{prefix}.{n}}}:");
         Shard {
-            base: format!("{prefix}:{{{prefix}.{n}}}:"),
+            live: format!("{base}live"),
+            expiry: format!("{base}expiry"),
+            base,
         }
     }
 
@@ -65,33 +70,46 @@ impl Shard {
         (0..SHARDS).map(move |n| Shard::new(prefix, n))
     }
 
-    /// The shard a record belongs to.
-    pub(crate) fn of(prefix: &str, scope: &Scope, key: &Key) -> Self {
-        Shard::new(prefix, shard_of(scope, key))
-    }
-
     /// `...:r:<scope length>:<scope>:<key>`: readable in redis-cli, and unambiguous although
     /// scopes and keys may hold colons (and braces: only the first `{...}`, the shard's, is
-    /// the hash tag).
+    /// the hash tag). Written piece by piece, not by `format!`: it is named on every call.
     pub(crate) fn record(&self, scope: &Scope, key: &Key) -> String {
-        format!(
-            "{}r:{}:{}:{}",
-            self.base,
-            scope.as_str().len(),
-            scope.as_str(),
-            key.as_str()
-        )
+        let (scope, key) = (scope.as_str(), key.as_str());
+        let mut length = itoa::Buffer::new();
+        let length = length.format(scope.len());
+        let mut name =
+            String::with_capacity(self.base.len() + 4 + length.len() + scope.len() + key.len());
+        for part in [self.base.as_str(), "r:", length, ":", scope, ":", key] {
+            name.push_str(part);
+        }
+        name
     }
 
     /// The shard's records that have no result yet (in flight or abandoned), scored by when
     /// their lease ends: those scored at or before now are abandoned.
-    pub(crate) fn live(&self) -> String {
-        format!("{}live", self.base)
+    pub(crate) fn live(&self) -> &str {
+        &self.live
     }
 
     /// The shard's completed records, scored by when their retention ends.
-    pub(crate) fn expiry(&self) -> String {
-        format!("{}expiry", self.base)
+    pub(crate) fn expiry(&self) -> &str {
+        &self.expiry
+    }
+}
+
+/// Every shard of a store, named once when it connects rather than on every call (two
+/// `format!`s a call, about 7,000 instructions of a Redis new key: docs/benchmarks.md).
+#[derive(Debug)]
+pub(crate) struct Shards(Vec<Shard>);
+
+impl Shards {
+    pub(crate) fn new(prefix: &str) -> Self {
+        Shards(Shard::all(prefix).collect())
+    }
+
+    /// The shard a record belongs to.
+    pub(crate) fn of(&self, scope: &Scope, key: &Key) -> &Shard {
+        &self.0[usize::from(shard_of(scope, key))]
     }
 }
 
@@ -109,15 +127,16 @@ mod tests {
     #[test]
     fn a_shards_keys_share_one_hash_tag() {
         let (s, k) = sk("team:{x}", "order-{1}");
-        let shard = Shard::of("idem", &s, &k);
+        let shards = Shards::new("idem");
+        let shard = shards.of(&s, &k);
         let tag = |name: &str| {
             let open = name.find('{').expect("a tag");
             let close = open + name[open..].find('}').expect("closed");
             name[open..=close].to_owned()
         };
         let record = shard.record(&s, &k);
-        assert_eq!(tag(&record), tag(&shard.live()));
-        assert_eq!(tag(&record), tag(&shard.expiry()));
+        assert_eq!(tag(&record), tag(shard.live()));
+        assert_eq!(tag(&record), tag(shard.expiry()));
         assert!(record.starts_with("idem:{idem."), "{record}");
         assert!(record.ends_with(":r:8:team:{x}:order-{1}"), "{record}");
     }

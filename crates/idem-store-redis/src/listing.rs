@@ -74,7 +74,7 @@ impl RedisStore {
         };
         let mut range = redis::cmd("ZRANGE");
         range
-            .arg(&index)
+            .arg(index)
             .arg(&tier.bounds.0)
             .arg(&tier.bounds.1)
             .arg("BYSCORE");

@@ -119,38 +119,66 @@ pub(crate) fn record(v: &Value) -> Result<Option<Record>, StoreError> {
     columns.into_record("redis").map(Some)
 }
 
-/// The record a completion made, from the complete script's `now, fp, cat, aat, lex, ret,
-/// att, rep` and what the caller already has: the scope, key, token and response.
+/// The values of a reply the prelude's `joined` made: `N` values separated by spaces, the
+/// last taking the rest (a fingerprint's bytes may hold spaces).
+pub(crate) fn joined<'r, const N: usize>(
+    reply: &'r [u8],
+    what: &str,
+) -> Result<[&'r [u8]; N], StoreError> {
+    let mut values = reply.splitn(N, |b| *b == b' ');
+    let mut out = [&[][..]; N];
+    for slot in &mut out {
+        *slot = values
+            .next()
+            .ok_or_else(|| corrupt(format!("{what} answered fewer than {N} values")))?;
+    }
+    Ok(out)
+}
+
+/// A number among a reply's joined values.
+pub(crate) fn number(v: &[u8]) -> Result<i64, StoreError> {
+    std::str::from_utf8(v)
+        .map_err(corrupt)?
+        .parse()
+        .map_err(corrupt)
+}
+
+/// A claim that acquired, from the claim script's `LEASE_END ATTEMPT`: when the lease ends
+/// and which attempt this is.
+pub(crate) fn acquired(reply: &[u8]) -> Result<(Timestamp, u32), StoreError> {
+    let [lease_end, attempt] = joined(reply, "claim")?;
+    let attempt = u32::try_from(number(attempt)?)
+        .map_err(|_| corrupt("claim returned an attempt out of range"))?;
+    Ok((Timestamp::from_millis(number(lease_end)?), attempt))
+}
+
+/// The record a completion made, from the complete script's `NOW CAT AAT LEX RET ATT REP FP`
+/// and what the caller already has: the scope, key, token and response.
 pub(crate) fn completed(
-    fields: &[Value],
+    reply: &[u8],
     scope: &Scope,
     key: &Key,
     token: FencingToken,
     response: StoredResponse,
 ) -> Result<Record, StoreError> {
-    let [now, fp, cat, aat, lex, ret, att, rep] = fields else {
-        return Err(corrupt(format!(
-            "complete returned {} fields, not now, fp, cat, aat, lex, ret, att, rep",
-            fields.len()
-        )));
-    };
-    let now = int(now)?;
-    let retention_ms = int(ret)?;
+    let [now, cat, aat, lex, ret, att, rep, fp] = joined(reply, "complete")?;
+    let now = number(now)?;
+    let retention_ms = number(ret)?;
     let columns = Columns {
         scope: scope.as_str().to_owned(),
         key: key.as_str().to_owned(),
-        fingerprint: bytes(fp)?.to_vec(),
+        fingerprint: fp.to_vec(),
         token: token.as_i64(),
-        created_at: int(cat)?,
-        acquired_at: int(aat)?,
-        lease_expires_at: int(lex)?,
+        created_at: number(cat)?,
+        acquired_at: number(aat)?,
+        lease_expires_at: number(lex)?,
         completed_at: Some(now),
         completed_by: Some(0),
         // As the script wrote it.
         expires_at: now.saturating_add(retention_ms),
         retention_ms,
-        attempts: int(att)?,
-        replays: int(rep)?,
+        attempts: number(att)?,
+        replays: number(rep)?,
         response: None,
     };
     let mut record = columns.into_record("redis")?;

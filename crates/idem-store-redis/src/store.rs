@@ -9,14 +9,14 @@ use idem_core::{
     AbandonedPolicy, Claim, ClaimRequest, Clock, FencingToken, Key, Lease, Record, RecordState,
     Resolution, Scope, Stale, Store, StoreError, StoredResponse, Timestamp, machine,
 };
-use redis::{ScriptInvocation, Value};
+use redis::Value;
 
 use crate::connection::{Connection, Opener};
 use crate::durability::{self, UNWAITED_REPLICAS};
-use crate::layout::Shard;
+use crate::layout::{Shard, Shards};
 use crate::options::{Durability, RedisOptions};
 use crate::reply::{self, corrupt};
-use crate::scripts::Scripts;
+use crate::scripts::{Invocation, Scripts};
 
 /// Durations are clamped to this many milliseconds (about 35,000 years) so that `now + d`
 /// stays exact in Lua's doubles.
@@ -36,6 +36,7 @@ struct Inner {
     /// How to open another connection ([`Store::for_this_runtime`]).
     opener: Opener,
     prefix: String,
+    shards: Shards,
     clock: Option<Arc<dyn Clock>>,
     op_timeout: Duration,
     scripts: Scripts,
@@ -76,15 +77,6 @@ fn ms(d: Duration) -> i64 {
     duration_millis(d).min(MAX_MS)
 }
 
-/// A script's invocation over one record: its key, then its shard's two indexes.
-fn on_record<'i, 'a>(
-    inv: &'i mut ScriptInvocation<'a>,
-    shard: &Shard,
-    record: &str,
-) -> &'i mut ScriptInvocation<'a> {
-    inv.key(record).key(shard.live()).key(shard.expiry())
-}
-
 impl RedisStore {
     /// Connects. Fails if the server cannot be reached within the operation timeout: a
     /// gateway should not start on a store it cannot use. Refuses a deployment whose
@@ -110,6 +102,7 @@ impl RedisStore {
             con,
             inner: Arc::new(Inner {
                 opener,
+                shards: Shards::new(&opts.prefix),
                 prefix: opts.prefix,
                 clock: opts.clock,
                 op_timeout: opts.op_timeout,
@@ -159,7 +152,7 @@ impl RedisStore {
         let timeout = self.inner.op_timeout;
         let mut deleted = 0;
         for shard in Shard::all(&self.inner.prefix) {
-            let (live, expiry) = (shard.live(), shard.expiry());
+            let (live, expiry) = (shard.live().to_owned(), shard.expiry().to_owned());
             let mut read = redis::pipe();
             read.zrange(&live, 0, -1).zrange(&expiry, 0, -1);
             let (mut keys, completed): (Vec<String>, Vec<String>) =
@@ -180,8 +173,9 @@ impl RedisStore {
         Ok(deleted)
     }
 
-    fn shard(&self, scope: &Scope, key: &Key) -> (Shard, String) {
-        let shard = Shard::of(&self.inner.prefix, scope, key);
+    /// A record's shard and the record's own key.
+    fn shard(&self, scope: &Scope, key: &Key) -> (&Shard, String) {
+        let shard = self.inner.shards.of(scope, key);
         let record = shard.record(scope, key);
         (shard, record)
     }
@@ -195,14 +189,9 @@ impl RedisStore {
     }
 
     /// Runs a script within the operation timeout.
-    async fn run(&self, invocation: ScriptInvocation<'_>) -> Result<Value, StoreError> {
+    async fn run(&self, invocation: Invocation<'_>) -> Result<Value, StoreError> {
         let mut con = self.con.clone();
-        within(
-            self.inner.op_timeout,
-            "script",
-            invocation.invoke_async(&mut con),
-        )
-        .await
+        within(self.inner.op_timeout, "script", invocation.invoke(&mut con)).await
     }
 
     /// Runs a script that only reads, once more if the connection turned out dropped (the
@@ -210,11 +199,11 @@ impl RedisStore {
     /// the failed call makes the connection manager reconnect, and a read is safe to repeat.
     /// Both attempts share the one operation timeout. Writes are not repeated: one may have
     /// been applied before the connection dropped.
-    async fn run_read(&self, invocation: ScriptInvocation<'_>) -> Result<Value, StoreError> {
+    async fn run_read(&self, invocation: Invocation<'_>) -> Result<Value, StoreError> {
         let mut con = self.con.clone();
         let attempts = async {
-            match invocation.invoke_async(&mut con).await {
-                Err(e) if e.is_connection_dropped() => invocation.invoke_async(&mut con).await,
+            match invocation.invoke(&mut con).await {
+                Err(e) if e.is_connection_dropped() => invocation.invoke(&mut con).await,
                 answer => answer,
             }
         };
@@ -272,9 +261,8 @@ impl RedisStore {
         let (Connection::Cluster(_), Some((token, completed))) = (&self.con, held_by) else {
             return Ok(());
         };
-        let mut inv = self.inner.scripts.held.prepare_invoke();
-        inv.key(record)
-            .arg(self.now_arg())
+        let mut inv = Invocation::new(&self.inner.scripts.held, &[record], 3);
+        inv.arg(self.now_arg())
             .arg(token.as_i64())
             .arg(if completed { "1" } else { "0" });
         match self.run_read(inv).await? {
@@ -347,9 +335,8 @@ impl Store for RedisStore {
         let token = FencingToken::random();
         let (shard, k) = self.shard(&req.scope, &req.key);
         let retry = req.on_abandoned == AbandonedPolicy::Retry;
-        let mut inv = self.inner.scripts.claim.prepare_invoke();
-        on_record(&mut inv, &shard, &k)
-            .arg(self.now_arg())
+        let mut inv = Invocation::on_record(&self.inner.scripts.claim, shard, &k, 8);
+        inv.arg(self.now_arg())
             .arg(req.fingerprint.as_bytes().as_slice())
             .arg(token.as_i64())
             .arg(ms(req.lease))
@@ -357,11 +344,9 @@ impl Store for RedisStore {
             .arg(if retry { "1" } else { "0" })
             .arg(req.scope.as_str())
             .arg(req.key.as_str());
-        let items = reply::items(self.run(inv).await?)?;
-        match items.as_slice() {
-            [acquired, _, lease_end, attempt] if reply::int(acquired)? == 1 => {
-                let attempt = u32::try_from(reply::int(attempt)?)
-                    .map_err(|_| corrupt("claim returned an attempt out of range"))?;
+        match self.run(inv).await? {
+            Value::BulkString(acquired) => {
+                let (expires_at, attempt) = reply::acquired(&acquired)?;
                 if let Err(e) = self.replicated(&k, Some((token, false)), "claim").await {
                     // Nothing ran under it: give the key back rather than leave it in
                     // flight, if the master still answers.
@@ -370,11 +355,17 @@ impl Store for RedisStore {
                 }
                 Ok(Claim::Acquired(Lease {
                     token,
-                    expires_at: reply::timestamp(lease_end)?,
+                    expires_at,
                     attempt,
                 }))
             }
-            [_, now, rec] => {
+            Value::Array(items) => {
+                let [_, now, rec] = items.as_slice() else {
+                    return Err(corrupt(format!(
+                        "claim answered {} values, not [0, now, record]",
+                        items.len()
+                    )));
+                };
                 let now = reply::timestamp(now)?;
                 let rec = reply::record(rec)?.ok_or_else(|| corrupt("claim returned no record"))?;
                 // The script decided and wrote atomically; the machine only names what is there.
@@ -383,9 +374,9 @@ impl Store for RedisStore {
                     answer => Ok(answer),
                 }
             }
-            _ => Err(corrupt(
-                "claim reply is neither [1, now, lease end, attempt] nor [0, now, record]",
-            )),
+            other => Err(corrupt(format!(
+                "claim answered {other:?}, neither 'LEASE_END ATTEMPT' nor [0, now, record]"
+            ))),
         }
     }
     async fn complete(
@@ -396,20 +387,18 @@ impl Store for RedisStore {
         response: StoredResponse,
     ) -> Result<Record, StoreError> {
         let (shard, k) = self.shard(scope, key);
-        let mut inv = self.inner.scripts.complete.prepare_invoke();
-        on_record(&mut inv, &shard, &k)
-            .arg(self.now_arg())
+        let mut inv = Invocation::on_record(&self.inner.scripts.complete, shard, &k, 3);
+        inv.arg(self.now_arg())
             .arg(token.as_i64())
             .arg(response.encode());
-        let items = reply::items(self.run(inv).await?)?;
-        match status(&items)? {
-            "ok" => {
-                let rec = reply::completed(&items[1..], scope, key, token, response)?;
+        match self.run(inv).await? {
+            Value::BulkString(done) => {
+                let rec = reply::completed(&done, scope, key, token, response)?;
                 self.replicated(&k, Some((token, true)), "completion")
                     .await?;
                 Ok(rec)
             }
-            other => Err(refusal(other)?),
+            refused => Err(refusal(status(&reply::items(refused)?)?)?),
         }
     }
 
@@ -420,10 +409,8 @@ impl Store for RedisStore {
         token: FencingToken,
     ) -> Result<(), StoreError> {
         let (shard, k) = self.shard(scope, key);
-        let mut inv = self.inner.scripts.release.prepare_invoke();
-        on_record(&mut inv, &shard, &k)
-            .arg(self.now_arg())
-            .arg(token.as_i64());
+        let mut inv = Invocation::on_record(&self.inner.scripts.release, shard, &k, 2);
+        inv.arg(self.now_arg()).arg(token.as_i64());
         let items = reply::items(self.run(inv).await?)?;
         match status(&items)? {
             "ok" => Ok(()),
@@ -439,11 +426,8 @@ impl Store for RedisStore {
         lease: Duration,
     ) -> Result<Timestamp, StoreError> {
         let (shard, k) = self.shard(scope, key);
-        let mut inv = self.inner.scripts.extend.prepare_invoke();
-        on_record(&mut inv, &shard, &k)
-            .arg(self.now_arg())
-            .arg(token.as_i64())
-            .arg(ms(lease));
+        let mut inv = Invocation::on_record(&self.inner.scripts.extend, shard, &k, 3);
+        inv.arg(self.now_arg()).arg(token.as_i64()).arg(ms(lease));
         let items = reply::items(self.run(inv).await?)?;
         match status(&items)? {
             "ok" => items
@@ -456,8 +440,8 @@ impl Store for RedisStore {
 
     async fn get(&self, scope: &Scope, key: &Key) -> Result<Option<Record>, StoreError> {
         let (_, k) = self.shard(scope, key);
-        let mut inv = self.inner.scripts.get.prepare_invoke();
-        inv.key(k).arg(self.now_arg());
+        let mut inv = Invocation::new(&self.inner.scripts.get, &[&k], 1);
+        inv.arg(self.now_arg());
         let items = reply::items(self.run_read(inv).await?)?;
         let [now, rec] = items.as_slice() else {
             return Err(corrupt("get reply is not [now, record]"));
@@ -477,7 +461,7 @@ impl Store for RedisStore {
             while deleted < limit {
                 let batch = isize::try_from((limit - deleted).min(500)).unwrap_or(500);
                 let mut read = redis::cmd("ZRANGE");
-                read.arg(&expiry)
+                read.arg(expiry)
                     .arg("-inf")
                     .arg(now.as_millis())
                     .arg("BYSCORE")
@@ -490,8 +474,8 @@ impl Store for RedisStore {
                     break;
                 }
                 for k in &due {
-                    let mut inv = self.inner.scripts.purge.prepare_invoke();
-                    on_record(&mut inv, &shard, k).arg(now.as_millis());
+                    let mut inv = Invocation::on_record(&self.inner.scripts.purge, &shard, k, 1);
+                    inv.arg(now.as_millis());
                     let items = reply::items(self.run(inv).await?)?;
                     match status(&items)? {
                         "deleted" => deleted += 1,
@@ -512,8 +496,8 @@ impl Store for RedisStore {
         resolution: Resolution,
     ) -> Result<Option<Record>, StoreError> {
         let (shard, k) = self.shard(scope, key);
-        let mut inv = self.inner.scripts.resolve.prepare_invoke();
-        on_record(&mut inv, &shard, &k).arg(self.now_arg());
+        let mut inv = Invocation::on_record(&self.inner.scripts.resolve, shard, &k, 4);
+        inv.arg(self.now_arg());
         match &resolution {
             Resolution::Release => inv.arg("release").arg("").arg(""),
             Resolution::Complete(response) => inv

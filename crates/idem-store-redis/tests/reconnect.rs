@@ -1,7 +1,9 @@
-//! A connection that sat idle while its server restarted. On RESP3 (idem's default) the
+//! A server that restarted: a connection that sat idle through it, and the scripts it lost.
+//! On RESP3 (idem's default) the
 //! connection manager hears the server close it and reconnects at once, so even a write
 //! on it succeeds afterwards; on RESP2 (`protocol=resp2`, for servers before Redis 6) it
-//! learns only when a call fails, and a read is then repeated once. Runs a private
+//! learns only when a call fails, and a read is then repeated once. A script the server no
+//! longer holds (`NOSCRIPT`) is loaded again and its call sent once more. Runs a private
 //! `redis-server` on a free port; skips without one unless IDEM_REQUIRE_SERVICES=1.
 
 use std::process::{Child, Command, Stdio};
@@ -130,4 +132,55 @@ async fn on_resp2_a_read_on_a_connection_idle_through_a_restart_is_repeated() {
             .expect("the first read after the restart"),
         None
     );
+}
+
+/// Each script the store calls is sent by its hash; a server that lost them (a restart, a
+/// replica promoted before it ran them, `SCRIPT FLUSH`) answers `NOSCRIPT`, and the store loads
+/// the script and sends the call again. The fingerprint is all spaces and zeros: the complete
+/// script's one-string reply puts it last because its bytes may hold the separator.
+#[tokio::test]
+async fn scripts_the_server_lost_are_loaded_again() {
+    let test = "scripts_the_server_lost_are_loaded_again";
+    let Some((server, store)) = connected(test, "").await else {
+        return;
+    };
+    let flush = || {
+        let client =
+            redis::Client::open(format!("redis://127.0.0.1:{}/", server.port)).expect("client");
+        let mut con = client.get_connection().expect("connection");
+        redis::cmd("SCRIPT")
+            .arg("FLUSH")
+            .query::<()>(&mut con)
+            .expect("SCRIPT FLUSH");
+    };
+    let key = Key::new("flushed-1").expect("key");
+    let mut fingerprint = [b' '; 32];
+    fingerprint[..8].fill(0);
+    let mut request = claim_request(&key);
+    request.fingerprint = Fingerprint::from_bytes(fingerprint);
+
+    flush();
+    let Claim::Acquired(lease) = store.claim(request.clone()).await.expect("claim") else {
+        panic!("a fresh key is acquired");
+    };
+    flush();
+    let completed = store
+        .complete(
+            &Scope::anonymous(),
+            &key,
+            lease.token,
+            idem_conformance::response("charged"),
+        )
+        .await
+        .expect("complete");
+    assert_eq!(completed.fingerprint, request.fingerprint);
+    assert_eq!(completed.attempts, 1);
+    flush();
+    let read = store
+        .get(&Scope::anonymous(), &key)
+        .await
+        .expect("get")
+        .expect("the record");
+    assert!(read.completed_at.is_some(), "{read:?}");
+    assert_eq!(read, completed);
 }

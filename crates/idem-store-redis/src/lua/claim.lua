@@ -1,6 +1,6 @@
 -- ARGV: now, fingerprint, token, lease_ms, retention_ms, retry (1/0), scope, key.
--- Acquired: {1, now, lease end, attempt}. Otherwise {0, now, the record's fields as HGETALL
--- gives them (before a replay is counted)}.
+-- Acquired: 'LEASE_END ATTEMPT', one string. Otherwise {0, now, the record's fields as
+-- HGETALL gives them (before a replay is counted)}.
 local fp, tok, lease, ret = ARGV[2], ARGV[3], tonumber(ARGV[4]), ARGV[5]
 local f = redis.call('HMGET', k, 'tok', 'exp', 'fp', 'comp', 'lex', 'att')
 if not live(f[1], f[2]) then
@@ -10,7 +10,7 @@ if not live(f[1], f[2]) then
   redis.call('HSET', k, 'sc', ARGV[7], 'k', ARGV[8], 'fp', fp, 'tok', tok, 'cat', s(now),
     'aat', s(now), 'lex', s(now + lease), 'ret', ret, 'att', '1', 'rep', '0')
   redis.call('ZADD', live_idx, s(now + lease), k)
-  return {1, s(now), s(now + lease), '1'}
+  return joined(s(now + lease), '1')
 end
 if f[3] ~= fp then return {0, s(now), redis.call('HGETALL', k)} end
 if f[4] then
@@ -25,4 +25,4 @@ end
 local att = s(math.min(tonumber(f[6]) + 1, 4294967295))
 redis.call('HSET', k, 'tok', tok, 'aat', s(now), 'lex', s(now + lease), 'ret', ret, 'att', att)
 redis.call('ZADD', live_idx, s(now + lease), k)
-return {1, s(now), s(now + lease), att}
+return joined(s(now + lease), att)

@@ -2,6 +2,15 @@
 -- clock, or empty to read Redis's own clock, so every gateway agrees on when a lease ends.
 -- Numbers are written with %d: Lua would print large ones in e-notation and lose digits.
 local function s(n) return string.format('%d', n) end
+-- Values as one reply, separated by spaces, a missing one as empty (which the reader then
+-- finds corrupt): the client reads one string for a fraction of what an array of as many
+-- strings costs it (docs/benchmarks.md, issue 33, "Redis replies and script calls"). Only
+-- the last value may hold spaces.
+local function joined(...)
+  local out = {}
+  for i = 1, select('#', ...) do out[i] = (select(i, ...)) or '' end
+  return table.concat(out, ' ')
+end
 -- KEYS: the record, then (for the scripts that change a state) its shard's index of records
 -- without a result (scored by lease end) and of completed records (scored by expiry). All
 -- three share one hash slot (layout.rs), and each script keeps both indexes true in the
