@@ -25,6 +25,26 @@ pub(crate) struct Completion {
     pub(crate) token: FencingToken,
     /// The response, encoded.
     pub(crate) response: Vec<u8>,
+    /// The response itself, for the record the completion answers with: the statement
+    /// returns every column but this one.
+    pub(crate) stored: StoredResponse,
+}
+
+impl Completion {
+    pub(crate) fn new(
+        scope: &Scope,
+        key: &Key,
+        token: FencingToken,
+        stored: StoredResponse,
+    ) -> Self {
+        Completion {
+            scope: scope.clone(),
+            key: key.clone(),
+            token,
+            response: stored.encode(),
+            stored,
+        }
+    }
 }
 
 impl Inner {
@@ -89,8 +109,13 @@ impl Inner {
             .await
             .map_err(|e| unavailable("complete", e))?;
         match rows.first() {
-            Some(row) => record_of(row)?
-                .ok_or_else(|| StoreError::Corrupt("postgres complete returned no record".into())),
+            Some(row) => {
+                let mut rec = record_of(row)?.ok_or_else(|| {
+                    StoreError::Corrupt("postgres complete returned no record".into())
+                })?;
+                rec.response = Some(c.stored.clone());
+                Ok(rec)
+            }
             None => Err(self.refusal(client, &c.scope, &c.key, c.token).await),
         }
     }
@@ -124,7 +149,8 @@ impl Inner {
         for (c, reply) in batch {
             let id = (c.scope.as_str().to_owned(), c.key.as_str().to_owned());
             match rows.as_mut().map(|r| r.remove(&id)) {
-                Ok(Some(rec)) if rec.token == c.token => {
+                Ok(Some(mut rec)) if rec.token == c.token => {
+                    rec.response = Some(c.stored);
                     let _ = reply.send(Ok(rec));
                 }
                 // Refused (the reason is read alone), or the statement failed.

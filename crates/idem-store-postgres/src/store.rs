@@ -208,12 +208,7 @@ impl Store for PgStore {
         token: FencingToken,
         response: StoredResponse,
     ) -> Result<Record, StoreError> {
-        let job = Completion {
-            scope: scope.clone(),
-            key: key.clone(),
-            token,
-            response: response.encode(),
-        };
+        let job = Completion::new(scope, key, token, response);
         self.inner
             .answered(async {
                 self.batchers

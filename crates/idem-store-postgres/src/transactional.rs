@@ -63,12 +63,7 @@ impl PgStore {
         response: &StoredResponse,
     ) -> Result<Record, StoreError> {
         let inner = self.inner();
-        let completion = crate::completions::Completion {
-            scope: scope.clone(),
-            key: key.clone(),
-            token,
-            response: response.encode(),
-        };
+        let completion = crate::completions::Completion::new(scope, key, token, response.clone());
         inner.bounded(inner.complete_on(tx, &completion)).await
     }
 }
