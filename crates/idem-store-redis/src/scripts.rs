@@ -51,10 +51,11 @@ pub(crate) struct Invocation<'s> {
 }
 
 impl<'s> Invocation<'s> {
-    /// A call over `keys` (Redis Cluster routes it by the first), with room for `args` more.
-    pub(crate) fn new(script: &'s Script, keys: &[&str], args: usize) -> Self {
-        let bytes = keys.iter().map(|k| k.len()).sum::<usize>() + 64 + 24 * args;
-        let mut cmd = Cmd::with_capacity(3 + keys.len() + args, bytes);
+    /// A call over `keys` (Redis Cluster routes it by the first), with room for `args` more
+    /// arguments: numbers and short strings, and `bytes` more for a long one (a response).
+    pub(crate) fn new(script: &'s Script, keys: &[&str], args: usize, bytes: usize) -> Self {
+        let room = keys.iter().map(|k| k.len()).sum::<usize>() + 64 + 24 * args + bytes;
+        let mut cmd = Cmd::with_capacity(3 + keys.len() + args, room);
         cmd.arg("EVALSHA")
             .arg(script.get_hash())
             .arg(keys.len())
@@ -64,8 +65,14 @@ impl<'s> Invocation<'s> {
 
     /// A call over one record: its key, then its shard's two indexes (the keys every script
     /// that changes a record's state keeps true in the same step).
-    pub(crate) fn on_record(script: &'s Script, shard: &Shard, record: &str, args: usize) -> Self {
-        Invocation::new(script, &[record, shard.live(), shard.expiry()], args)
+    pub(crate) fn on_record(
+        script: &'s Script,
+        shard: &Shard,
+        record: &str,
+        args: usize,
+        bytes: usize,
+    ) -> Self {
+        Invocation::new(script, &[record, shard.live(), shard.expiry()], args, bytes)
     }
 
     /// Adds `ARGV[i]`, the next argument.

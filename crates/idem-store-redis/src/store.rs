@@ -261,7 +261,7 @@ impl RedisStore {
         let (Connection::Cluster(_), Some((token, completed))) = (&self.con, held_by) else {
             return Ok(());
         };
-        let mut inv = Invocation::new(&self.inner.scripts.held, &[record], 3);
+        let mut inv = Invocation::new(&self.inner.scripts.held, &[record], 3, 0);
         inv.arg(self.now_arg())
             .arg(token.as_i64())
             .arg(if completed { "1" } else { "0" });
@@ -335,7 +335,7 @@ impl Store for RedisStore {
         let token = FencingToken::random();
         let (shard, k) = self.shard(&req.scope, &req.key);
         let retry = req.on_abandoned == AbandonedPolicy::Retry;
-        let mut inv = Invocation::on_record(&self.inner.scripts.claim, shard, &k, 8);
+        let mut inv = Invocation::on_record(&self.inner.scripts.claim, shard, &k, 8, 0);
         inv.arg(self.now_arg())
             .arg(req.fingerprint.as_bytes().as_slice())
             .arg(token.as_i64())
@@ -346,18 +346,27 @@ impl Store for RedisStore {
             .arg(req.key.as_str());
         match self.run(inv).await? {
             Value::BulkString(acquired) => {
-                let (expires_at, attempt) = reply::acquired(&acquired)?;
-                if let Err(e) = self.replicated(&k, Some((token, false)), "claim").await {
-                    // Nothing ran under it: give the key back rather than leave it in
-                    // flight, if the master still answers.
-                    let _ = self.release(&req.scope, &req.key, token).await;
-                    return Err(e);
+                let held = match reply::acquired(&acquired) {
+                    Ok(lease) => self
+                        .replicated(&k, Some((token, false)), "claim")
+                        .await
+                        .map(|()| lease),
+                    Err(e) => Err(e),
+                };
+                match held {
+                    Ok((expires_at, attempt)) => Ok(Claim::Acquired(Lease {
+                        token,
+                        expires_at,
+                        attempt,
+                    })),
+                    Err(e) => {
+                        // Acquired, but its answer unreadable or no replica holding it:
+                        // nothing ran under it, so give the key back rather than leave it in
+                        // flight, if the master still answers.
+                        let _ = self.release(&req.scope, &req.key, token).await;
+                        Err(e)
+                    }
                 }
-                Ok(Claim::Acquired(Lease {
-                    token,
-                    expires_at,
-                    attempt,
-                }))
             }
             Value::Array(items) => {
                 let [_, now, rec] = items.as_slice() else {
@@ -387,10 +396,10 @@ impl Store for RedisStore {
         response: StoredResponse,
     ) -> Result<Record, StoreError> {
         let (shard, k) = self.shard(scope, key);
-        let mut inv = Invocation::on_record(&self.inner.scripts.complete, shard, &k, 3);
-        inv.arg(self.now_arg())
-            .arg(token.as_i64())
-            .arg(response.encode());
+        let encoded = response.encode();
+        let mut inv =
+            Invocation::on_record(&self.inner.scripts.complete, shard, &k, 3, encoded.len());
+        inv.arg(self.now_arg()).arg(token.as_i64()).arg(encoded);
         match self.run(inv).await? {
             Value::BulkString(done) => {
                 let rec = reply::completed(&done, scope, key, token, response)?;
@@ -409,7 +418,7 @@ impl Store for RedisStore {
         token: FencingToken,
     ) -> Result<(), StoreError> {
         let (shard, k) = self.shard(scope, key);
-        let mut inv = Invocation::on_record(&self.inner.scripts.release, shard, &k, 2);
+        let mut inv = Invocation::on_record(&self.inner.scripts.release, shard, &k, 2, 0);
         inv.arg(self.now_arg()).arg(token.as_i64());
         let items = reply::items(self.run(inv).await?)?;
         match status(&items)? {
@@ -426,7 +435,7 @@ impl Store for RedisStore {
         lease: Duration,
     ) -> Result<Timestamp, StoreError> {
         let (shard, k) = self.shard(scope, key);
-        let mut inv = Invocation::on_record(&self.inner.scripts.extend, shard, &k, 3);
+        let mut inv = Invocation::on_record(&self.inner.scripts.extend, shard, &k, 3, 0);
         inv.arg(self.now_arg()).arg(token.as_i64()).arg(ms(lease));
         let items = reply::items(self.run(inv).await?)?;
         match status(&items)? {
@@ -440,7 +449,7 @@ impl Store for RedisStore {
 
     async fn get(&self, scope: &Scope, key: &Key) -> Result<Option<Record>, StoreError> {
         let (_, k) = self.shard(scope, key);
-        let mut inv = Invocation::new(&self.inner.scripts.get, &[&k], 1);
+        let mut inv = Invocation::new(&self.inner.scripts.get, &[&k], 1, 0);
         inv.arg(self.now_arg());
         let items = reply::items(self.run_read(inv).await?)?;
         let [now, rec] = items.as_slice() else {
@@ -474,7 +483,7 @@ impl Store for RedisStore {
                     break;
                 }
                 for k in &due {
-                    let mut inv = Invocation::on_record(&self.inner.scripts.purge, &shard, k, 1);
+                    let mut inv = Invocation::on_record(&self.inner.scripts.purge, &shard, k, 1, 0);
                     inv.arg(now.as_millis());
                     let items = reply::items(self.run(inv).await?)?;
                     match status(&items)? {
@@ -496,13 +505,18 @@ impl Store for RedisStore {
         resolution: Resolution,
     ) -> Result<Option<Record>, StoreError> {
         let (shard, k) = self.shard(scope, key);
-        let mut inv = Invocation::on_record(&self.inner.scripts.resolve, shard, &k, 4);
+        let encoded = match &resolution {
+            Resolution::Release => None,
+            Resolution::Complete(response) => Some(response.encode()),
+        };
+        let bytes = encoded.as_ref().map_or(0, Vec::len);
+        let mut inv = Invocation::on_record(&self.inner.scripts.resolve, shard, &k, 4, bytes);
         inv.arg(self.now_arg());
-        match &resolution {
-            Resolution::Release => inv.arg("release").arg("").arg(""),
-            Resolution::Complete(response) => inv
+        match encoded {
+            None => inv.arg("release").arg("").arg(""),
+            Some(encoded) => inv
                 .arg("complete")
-                .arg(response.encode())
+                .arg(encoded)
                 .arg(FencingToken::random().as_i64()),
         };
         let items = reply::items(self.run(inv).await?)?;

@@ -7,7 +7,10 @@
 
 mod support;
 
+use std::time::Duration;
+
 use idem_conformance::redis_servers::RedisCluster;
+use idem_core::{AbandonedPolicy, Claim, ClaimRequest, Fingerprint, Key, Scope, Store};
 use idem_store_redis::RedisStore;
 use support::OnRedis;
 
@@ -46,6 +49,38 @@ fn the_conformance_suite_passes_on_a_redis_cluster() {
         warned.contains("failover can lose acknowledged claims"),
         "{warned}"
     );
+
+    // Every node forgets the scripts, as a restart or a failover to a replica that never ran
+    // them would: each call then loads its script again (on every master) and is sent once
+    // more.
+    for node in &cluster.nodes {
+        node.cli(&["script", "flush"]);
+    }
+    rt.block_on(async {
+        let (scope, key) = (Scope::anonymous(), Key::new("flushed").expect("key"));
+        let request = ClaimRequest {
+            scope: scope.clone(),
+            key: key.clone(),
+            fingerprint: Fingerprint::from_bytes([b' '; 32]),
+            lease: Duration::from_secs(30),
+            retention: Duration::from_secs(60),
+            on_abandoned: AbandonedPolicy::Reject,
+        };
+        let Claim::Acquired(lease) = store.claim(request).await.expect("claim") else {
+            panic!("a fresh key is acquired");
+        };
+        for node in &cluster.nodes {
+            node.cli(&["script", "flush"]);
+        }
+        let response = idem_conformance::response("charged");
+        let done = store
+            .complete(&scope, &key, lease.token, response)
+            .await
+            .expect("complete");
+        let read = store.get(&scope, &key).await.expect("get");
+        assert_eq!(read, Some(done));
+        store.delete_all().await.expect("delete");
+    });
     drop(store);
     drop(rt);
     drop(cluster);
