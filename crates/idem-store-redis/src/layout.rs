@@ -56,18 +56,13 @@ pub(crate) struct Shard {
 }
 
 impl Shard {
-    pub(crate) fn new(prefix: &str, n: u16) -> Self {
+    fn new(prefix: &str, n: u16) -> Self {
         let base = format!("{prefix}:{{{prefix}.{n}}}:");
         Shard {
             live: format!("{base}live"),
             expiry: format!("{base}expiry"),
             base,
         }
-    }
-
-    /// Every shard of a store, in order.
-    pub(crate) fn all(prefix: &str) -> impl Iterator<Item = Shard> + '_ {
-        (0..SHARDS).map(move |n| Shard::new(prefix, n))
     }
 
     /// `...:r:<scope length>:<scope>:<key>`: readable in redis-cli, and unambiguous although
@@ -104,7 +99,12 @@ pub(crate) struct Shards(Vec<Shard>);
 
 impl Shards {
     pub(crate) fn new(prefix: &str) -> Self {
-        Shards(Shard::all(prefix).collect())
+        Shards((0..SHARDS).map(|n| Shard::new(prefix, n)).collect())
+    }
+
+    /// Every shard, in order: what a listing, a purge or a deletion visits.
+    pub(crate) fn all(&self) -> &[Shard] {
+        &self.0
     }
 
     /// The shard a record belongs to.

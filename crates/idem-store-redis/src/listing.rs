@@ -113,7 +113,7 @@ impl RedisStore {
 impl ListRecords for RedisStore {
     async fn list(&self, filter: &RecordFilter) -> Result<Listing, StoreError> {
         let now = self.redis_now().await?;
-        let shards: Vec<Shard> = Shard::all(self.prefix()).collect();
+        let shards = self.shards();
         let per_shard = MAX_READ / (shards.len() * 3);
         let mut found = Vec::new();
         let mut more = false;

@@ -31,7 +31,7 @@ pub(crate) fn text(v: &Value) -> Result<&str, StoreError> {
 pub(crate) fn int(v: &Value) -> Result<i64, StoreError> {
     match v {
         Value::Int(n) => Ok(*n),
-        other => text(other)?.parse().map_err(corrupt),
+        other => number(bytes(other)?),
     }
 }
 
@@ -121,10 +121,7 @@ pub(crate) fn record(v: &Value) -> Result<Option<Record>, StoreError> {
 
 /// The values of a reply the prelude's `joined` made: `N` values separated by spaces, the
 /// last taking the rest (a fingerprint's bytes may hold spaces).
-pub(crate) fn joined<'r, const N: usize>(
-    reply: &'r [u8],
-    what: &str,
-) -> Result<[&'r [u8]; N], StoreError> {
+fn joined<'r, const N: usize>(reply: &'r [u8], what: &str) -> Result<[&'r [u8]; N], StoreError> {
     let mut values = reply.splitn(N, |b| *b == b' ');
     let mut out = [&[][..]; N];
     for slot in &mut out {
@@ -136,7 +133,7 @@ pub(crate) fn joined<'r, const N: usize>(
 }
 
 /// A number among a reply's joined values.
-pub(crate) fn number(v: &[u8]) -> Result<i64, StoreError> {
+fn number(v: &[u8]) -> Result<i64, StoreError> {
     std::str::from_utf8(v)
         .map_err(corrupt)?
         .parse()

@@ -151,7 +151,7 @@ impl RedisStore {
         let mut con = self.con.clone();
         let timeout = self.inner.op_timeout;
         let mut deleted = 0;
-        for shard in Shard::all(&self.inner.prefix) {
+        for shard in self.inner.shards.all() {
             let (live, expiry) = (shard.live().to_owned(), shard.expiry().to_owned());
             let mut read = redis::pipe();
             read.zrange(&live, 0, -1).zrange(&expiry, 0, -1);
@@ -171,6 +171,11 @@ impl RedisStore {
             }
         }
         Ok(deleted)
+    }
+
+    /// Every shard of this store.
+    pub(crate) fn shards(&self) -> &[Shard] {
+        self.inner.shards.all()
     }
 
     /// A record's shard and the record's own key.
@@ -465,7 +470,7 @@ impl Store for RedisStore {
         let mut con = self.con.clone();
         let timeout = self.inner.op_timeout;
         let mut deleted = 0;
-        for shard in Shard::all(&self.inner.prefix) {
+        for shard in self.inner.shards.all() {
             let expiry = shard.expiry();
             while deleted < limit {
                 let batch = isize::try_from((limit - deleted).min(500)).unwrap_or(500);
@@ -483,7 +488,7 @@ impl Store for RedisStore {
                     break;
                 }
                 for k in &due {
-                    let mut inv = Invocation::on_record(&self.inner.scripts.purge, &shard, k, 1, 0);
+                    let mut inv = Invocation::on_record(&self.inner.scripts.purge, shard, k, 1, 0);
                     inv.arg(now.as_millis());
                     let items = reply::items(self.run(inv).await?)?;
                     match status(&items)? {
