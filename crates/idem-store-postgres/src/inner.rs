@@ -21,6 +21,7 @@ use tokio_postgres::types::{ToSql, Type};
 use tokio_postgres::{NoTls, Row};
 
 use crate::options::PgOptions;
+use crate::prepared::Prepared;
 use crate::replays::Tally;
 use crate::sql::{Sql, now_of, record_of, unavailable, unavailable_because};
 
@@ -34,6 +35,8 @@ pub(crate) struct Inner {
     /// seconds. A claim is never sent here: it must be durable before the effect runs.
     after_commit: Pool,
     pub(crate) sql: Sql,
+    /// `sql`'s statements as each direct connection prepared them.
+    pub(crate) prepared: Prepared,
     pub(crate) schema: String,
     pub(crate) quoted: String,
     clock: Option<Arc<dyn idem_core::Clock>>,
@@ -80,6 +83,9 @@ pub(crate) trait Conn: deadpool_postgres::GenericClient + Sync {
     /// tokio-postgres's own client, for what deadpool's trait lacks (unnamed statements).
     type Raw: tokio_postgres::GenericClient + Sync;
     fn raw(&self) -> &Self::Raw;
+    /// deadpool's statement cache of the connection: one per connection, shared by its
+    /// transactions, so its address names the connection ([`crate::prepared`]).
+    fn statement_cache(&self) -> &Arc<deadpool_postgres::StatementCache>;
     /// Whether statements already run inside a transaction (the caller's, or an
     /// operator's resolution): then they take the transaction's settings.
     fn in_transaction(&self) -> bool;
@@ -256,6 +262,9 @@ impl Conn for Object {
     fn raw(&self) -> &tokio_postgres::Client {
         self
     }
+    fn statement_cache(&self) -> &Arc<deadpool_postgres::StatementCache> {
+        &self.statement_cache
+    }
     fn in_transaction(&self) -> bool {
         false
     }
@@ -265,6 +274,9 @@ impl<'a> Conn for deadpool_postgres::Transaction<'a> {
     type Raw = tokio_postgres::Transaction<'a>;
     fn raw(&self) -> &tokio_postgres::Transaction<'a> {
         self
+    }
+    fn statement_cache(&self) -> &Arc<deadpool_postgres::StatementCache> {
+        &self.statement_cache
     }
     fn in_transaction(&self) -> bool {
         true
@@ -296,6 +308,7 @@ impl Inner {
             pool,
             after_commit,
             sql: Sql::new(&quoted),
+            prepared: Prepared::default(),
             schema: opts.schema,
             quoted,
             clock: opts.clock,
@@ -376,7 +389,7 @@ impl Inner {
         params: &Params<'_>,
     ) -> Result<Vec<Row>, tokio_postgres::Error> {
         if !self.pooled {
-            let stmt = prepared(c, sql, params).await?;
+            let stmt = self.prepared.statement(&self.sql, c, sql, params).await?;
             return c.query(&stmt, &values(params)).await;
         }
         let raw = c.raw();
@@ -393,7 +406,7 @@ impl Inner {
         params: &Params<'_>,
     ) -> Result<u64, tokio_postgres::Error> {
         if !self.pooled {
-            let stmt = prepared(c, sql, params).await?;
+            let stmt = self.prepared.statement(&self.sql, c, sql, params).await?;
             return c.execute(&stmt, &values(params)).await;
         }
         let raw = c.raw();
@@ -579,16 +592,6 @@ impl Inner {
             .ok_or_else(|| unavailable_because("read", "no row"))?;
         Ok((now_of(row)?, record_of(row)?))
     }
-}
-
-/// `sql` prepared with its parameters' types, cached on the connection (a direct one).
-async fn prepared(
-    c: &impl Conn,
-    sql: &str,
-    params: &Params<'_>,
-) -> Result<tokio_postgres::Statement, tokio_postgres::Error> {
-    let types: Vec<Type> = params.iter().map(|(_, t)| t.clone()).collect();
-    c.prepare_typed_cached(sql, &types).await
 }
 
 /// The parameters' values alone, for a prepared statement.

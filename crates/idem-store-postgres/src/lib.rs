@@ -19,6 +19,7 @@ mod leases;
 mod listing;
 mod maintenance;
 mod options;
+mod prepared;
 mod refusals;
 mod replay_writer;
 mod replays;
