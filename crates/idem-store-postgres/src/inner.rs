@@ -18,7 +18,7 @@ use idem_core::clock::duration_millis;
 use idem_core::{Key, Record, Scope, StoreError, Timestamp};
 use tokio_postgres::GenericClient as _;
 use tokio_postgres::types::{ToSql, Type};
-use tokio_postgres::{NoTls, Row};
+use tokio_postgres::{NoTls, Row, Statement};
 
 use crate::options::PgOptions;
 use crate::prepared::Prepared;
@@ -389,8 +389,12 @@ impl Inner {
         params: &Params<'_>,
     ) -> Result<Vec<Row>, tokio_postgres::Error> {
         if !self.pooled {
-            let stmt = self.prepared.statement(&self.sql, c, sql, params).await?;
-            return c.query(&stmt, &values(params)).await;
+            let values = values(params);
+            let run = |stmt: Statement| {
+                let values = &values;
+                async move { c.query(&stmt, values).await }
+            };
+            return self.prepared.run(&self.sql, c, sql, params, run).await;
         }
         let raw = c.raw();
         self.pooled_write(c, lane, raw.query_typed(sql, params))
@@ -406,8 +410,12 @@ impl Inner {
         params: &Params<'_>,
     ) -> Result<u64, tokio_postgres::Error> {
         if !self.pooled {
-            let stmt = self.prepared.statement(&self.sql, c, sql, params).await?;
-            return c.execute(&stmt, &values(params)).await;
+            let values = values(params);
+            let run = |stmt: Statement| {
+                let values = &values;
+                async move { c.execute(&stmt, values).await }
+            };
+            return self.prepared.run(&self.sql, c, sql, params, run).await;
         }
         let raw = c.raw();
         self.pooled_write(c, lane, raw.execute_typed(sql, params))
