@@ -386,6 +386,23 @@ async fn operator_commands_and_migrate_on_postgres() {
     }
     let schema = format!("idem_ops_{:016x}", rand::random::<u64>());
     let url = format!("postgres://postgres@127.0.0.1:5432/test?schema={schema}");
+    // No gateway and no migrate made this schema yet: each operator command says so and
+    // creates nothing (else the last would answer "no record" from an empty store).
+    for args in [
+        vec!["inspect", "--store", &url, "k"],
+        vec!["gc", "--store", &url],
+        vec!["resolve", "--store", &url, "k", "--release"],
+        vec!["inspect", "--store", &url, "k"],
+    ] {
+        let refused = idem(&args);
+        assert!(!refused.status.success(), "{args:?}: {}", stdout(&refused));
+        let said = stderr(&refused);
+        assert!(
+            said.contains(&format!("no idem schema \"{schema}\""))
+                && said.contains("check --store"),
+            "{args:?}: {said}"
+        );
+    }
     for _ in 0..2 {
         let migrated = idem(&["migrate", "--store", &url]);
         assert!(migrated.status.success(), "{}", stderr(&migrated));

@@ -33,6 +33,6 @@ pub use options::{
     DEFAULT_POOL_SIZE, DEFAULT_SCHEMA, Durability, KEEPALIVE_IDLE, KEEPALIVE_INTERVAL,
     KEEPALIVE_RETRIES, MAX_POOL_SIZE, PgOptions, PgUrlError, Pooler,
 };
-pub use schema::SCHEMA_VERSION;
+pub use schema::{NoSchema, SCHEMA_VERSION};
 pub use store::PgStore;
 pub use transactional::TxClaim;

@@ -13,6 +13,11 @@ pub struct PgOptions {
     pub config: tokio_postgres::Config,
     /// The schema that holds idem's tables; created if absent. Each test uses its own.
     pub schema: String,
+    /// Whether connecting creates the schema when it is absent: true (the default) for a
+    /// gateway or a service; false for an operator's command, which must find the store it
+    /// was pointed at ([`crate::NoSchema`]), since one it made would be empty and every
+    /// answer about it wrong.
+    pub create_schema: bool,
     /// Connections kept open in the store's first pool (the second, whose commits do not
     /// wait for the disk, has half as many), and the budget the handles of other runtimes
     /// take their own batchers' connections from ([`crate::PgStore`]'s `for_this_runtime`).
@@ -147,6 +152,7 @@ impl PgOptions {
         Ok(PgOptions {
             config,
             schema,
+            create_schema: true,
             pool_size,
             batches_in_flight: 2,
             clock: None,

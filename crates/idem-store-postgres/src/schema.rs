@@ -40,11 +40,21 @@ INSERT INTO {s}.schema_version (version) VALUES (1);"#
     )
 }
 
-/// Creates or checks the schema. `quoted` is the schema's quoted name.
+/// The schema a store was told to find is not in the database: a store opened with
+/// [`crate::PgOptions::create_schema`] false (an operator's command) refuses to make it. It
+/// reaches the caller inside [`StoreError::Unavailable`], so a front end can recognise it
+/// (with `downcast_ref`) and say which of its own flags to check.
+#[derive(Debug, thiserror::Error)]
+#[error("no idem schema {0:?} in this database (idem serve and idem migrate create it)")]
+pub struct NoSchema(pub String);
+
+/// Creates or checks the schema. `quoted` is the schema's quoted name. With `create` false
+/// an absent schema is refused with [`NoSchema`] and nothing is created.
 pub(crate) async fn migrate(
     client: &mut tokio_postgres::Client,
     name: &str,
     quoted: &str,
+    create: bool,
 ) -> Result<(), StoreError> {
     let tx = client
         .transaction()
@@ -58,6 +68,21 @@ pub(crate) async fn migrate(
     )
     .await
     .map_err(|e| unavailable("lock for migration", e))?;
+    if !create {
+        let versions = format!("{quoted}.schema_version");
+        let found: bool = tx
+            .query_typed(
+                "SELECT to_regclass($1::text) IS NOT NULL",
+                &[(&versions, Type::TEXT)],
+            )
+            .await
+            .map_err(|e| unavailable("look for the schema", e))?
+            .first()
+            .is_some_and(|row| row.get(0));
+        if !found {
+            return Err(StoreError::unavailable(NoSchema(name.to_owned())));
+        }
+    }
     tx.batch_execute(&format!(
         "CREATE SCHEMA IF NOT EXISTS {quoted};
          CREATE TABLE IF NOT EXISTS {quoted}.schema_version (version integer NOT NULL);"

@@ -123,11 +123,12 @@ impl PgStore {
                 ));
             }
         };
+        let create = opts.create_schema;
         let inner = Arc::new(Inner::new(opts, probe.pooled)?);
         inner
             .bounded(async {
                 let mut client = inner.client().await?;
-                schema::migrate(&mut client, &inner.schema, &inner.quoted).await
+                schema::migrate(&mut client, &inner.schema, &inner.quoted, create).await
             })
             .await?;
         tokio::spawn(replay_writer::flush_loop(Arc::downgrade(&inner)));
@@ -149,6 +150,14 @@ impl PgStore {
     /// Connects to `postgres://...[?schema=NAME]`.
     pub async fn connect_url(url: &str) -> Result<Self, StoreError> {
         let opts = PgOptions::from_url(url).map_err(|e| unavailable("url", e))?;
+        Self::connect(opts).await
+    }
+
+    /// Connects to `postgres://...[?schema=NAME]` whose schema must already be there (an
+    /// operator's command): an absent one is refused with [`crate::NoSchema`], not created.
+    pub async fn connect_existing_url(url: &str) -> Result<Self, StoreError> {
+        let mut opts = PgOptions::from_url(url).map_err(|e| unavailable("url", e))?;
+        opts.create_schema = false;
         Self::connect(opts).await
     }
 

@@ -173,10 +173,11 @@ impl StoreUrl {
     }
 
     /// Opens a store that must already exist: for SQLite, an absent file is refused with
-    /// [`NoStoreFile`] and not created, since an operator command (`idem inspect`, `resolve`,
-    /// `gc`) pointed at a mistyped path should say so, not answer "no record" from an empty
-    /// store it just made. The other backends open as with [`StoreUrl::open`]: a server has
-    /// no file to mistype.
+    /// [`NoStoreFile`] and not created, and for PostgreSQL an absent schema with
+    /// [`crate::postgres::NoSchema`], since an operator command (`idem inspect`, `resolve`,
+    /// `gc`) pointed at a mistyped path or `schema=` should say so, not answer "no record"
+    /// from an empty store it just made. Redis opens as with [`StoreUrl::open`]: its keys
+    /// are made by the writes themselves, so a mistyped prefix creates nothing.
     pub async fn open_existing(&self) -> Result<AnyStore, StoreError> {
         self.open_with(true).await
     }
@@ -191,6 +192,9 @@ impl StoreUrl {
                 let options = timeout.map(SqliteOptions::with_timeout).unwrap_or_default();
                 Ok(AnyStore::Sqlite(SqliteStore::open_with(path, options)?))
             }
+            StoreUrl::Postgres(url) if must_exist => Ok(AnyStore::Postgres(
+                PgStore::connect_existing_url(url).await?,
+            )),
             StoreUrl::Postgres(url) => Ok(AnyStore::Postgres(PgStore::connect_url(url).await?)),
             StoreUrl::Redis(url) => Ok(AnyStore::Redis(RedisStore::connect_url(url).await?)),
         }

@@ -92,7 +92,23 @@ async fn postgres_opens_in_the_schema_its_url_names() {
     let url = parse(&format!(
         "postgres://postgres@127.0.0.1:5432/test?schema={schema}"
     ));
+    // An operator's command must find the schema, and makes none: twice refused.
+    for _ in 0..2 {
+        let refused = url.open_existing().await.err();
+        let Some(StoreError::Unavailable(cause)) = &refused else {
+            panic!("expected a refusal, got {refused:?}");
+        };
+        assert!(
+            cause
+                .downcast_ref::<idem_stores::postgres::NoSchema>()
+                .is_some(),
+            "{cause}"
+        );
+    }
     let store = open(&url).await;
+    // Made by a serving open, the schema is found by the next operator's.
+    let existing = url.open_existing().await;
+    assert!(existing.is_ok(), "{:?}", existing.err());
     let AnyStore::Postgres(pg) = &store else {
         panic!("expected PostgreSQL, got {store:?}");
     };

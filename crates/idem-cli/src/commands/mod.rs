@@ -10,14 +10,16 @@ pub(crate) mod resolve;
 pub(crate) mod serve;
 
 use idem_core::StoreError;
+use idem_stores::postgres::NoSchema;
 use idem_stores::{AnyStore, NoStoreFile, StoreUrl};
 
-/// Opens the store of an operator command (`inspect`, `resolve`, `gc`): a SQLite file must
-/// already exist, since one made here would be empty and every answer about it wrong. The
-/// library says the file is missing; which flag to check is this command's to say.
+/// Opens the store of an operator command (`inspect`, `resolve`, `gc`): a SQLite file or a
+/// PostgreSQL schema must already exist, since one made here would be empty and every answer
+/// about it wrong. The library says what is missing; which flag to check is this command's
+/// to say.
 pub(crate) async fn open_existing(url: &StoreUrl) -> Result<AnyStore, StoreError> {
     url.open_existing().await.map_err(|e| match e {
-        StoreError::Unavailable(cause) if cause.is::<NoStoreFile>() => {
+        StoreError::Unavailable(cause) if cause.is::<NoStoreFile>() || cause.is::<NoSchema>() => {
             StoreError::unavailable(format!("{cause} (check --store)"))
         }
         e => e,
