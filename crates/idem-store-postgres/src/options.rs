@@ -89,8 +89,11 @@ pub const DEFAULT_SCHEMA: &str = "idem";
 /// Why a PostgreSQL URL was refused.
 #[derive(Debug, thiserror::Error)]
 pub enum PgUrlError {
-    /// tokio-postgres refused the connection string.
-    #[error("{0}")]
+    /// tokio-postgres refused the connection string. Shown with its cause (tokio-postgres's
+    /// own message stops at "invalid connection string", which names neither the option nor
+    /// the value) and, for an option neither idem nor tokio-postgres knows, the ones idem
+    /// takes, since a misspelled `schema=` is the likely mistake.
+    #[error("{}", config_refusal(.0))]
     Config(#[from] tokio_postgres::Error),
     /// The schema name is not a plain identifier.
     #[error(
@@ -106,6 +109,21 @@ pub enum PgUrlError {
     /// `pool_size=` is not a whole number from 1 to [`MAX_POOL_SIZE`].
     #[error("pool_size={0} is not a whole number from 1 to {MAX_POOL_SIZE}")]
     PoolSize(String),
+}
+
+/// idem's own parameters in a PostgreSQL URL, as a refusal names them.
+const IDEM_PARAMETERS: &str = "schema=, pooler=, durability= and pool_size=";
+
+/// tokio-postgres's refusal with its cause, which its `Display` leaves out.
+fn config_refusal(e: &tokio_postgres::Error) -> String {
+    use std::error::Error as _;
+    match e.source() {
+        Some(cause) if cause.to_string().starts_with("unknown option") => format!(
+            "{e}: {cause}; idem takes {IDEM_PARAMETERS}, and the rest as libpq's connection parameters"
+        ),
+        Some(cause) => format!("{e}: {cause}"),
+        None => e.to_string(),
+    }
 }
 
 /// The most connections `pool_size=` may ask for: PostgreSQL's own default
@@ -243,6 +261,24 @@ mod tests {
             PgOptions::from_url("postgres://h/db?durability=maybe"),
             Err(PgUrlError::Durability(_))
         ));
+    }
+
+    #[test]
+    fn a_refused_connection_string_names_what_was_refused() {
+        let refusal = |url: &str| match PgOptions::from_url(url) {
+            Err(e) => e.to_string(),
+            Ok(_) => panic!("{url} parsed"),
+        };
+        let misspelled = refusal("postgres://u:secret@h/db?schem=other");
+        assert!(
+            misspelled.contains("unknown option `schem`"),
+            "{misspelled}"
+        );
+        assert!(misspelled.contains("schema="), "{misspelled}");
+        assert!(!misspelled.contains("secret"), "{misspelled}");
+        let bad_port = refusal("postgres://h:port/db");
+        assert!(bad_port.contains("`port`"), "{bad_port}");
+        assert!(!bad_port.contains("idem takes"), "{bad_port}");
     }
 
     #[test]

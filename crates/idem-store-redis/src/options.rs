@@ -62,6 +62,13 @@ pub enum RedisUrlError {
     /// `durability=` is neither `required` nor `volatile`.
     #[error("durability={0} is not required or volatile")]
     Durability(String),
+    /// A query parameter neither idem nor the redis crate reads. The redis crate ignores
+    /// what it does not know, so a misspelled `prefix=` would otherwise put this deployment's
+    /// keys in the default prefix, beside another's.
+    #[error(
+        "unknown option {0:?}; idem takes prefix= and durability=, and the redis crate protocol="
+    )]
+    UnknownOption(String),
     /// A cluster URL that names no node, or a database other than 0 (a cluster has one).
     #[error("{0}")]
     Cluster(String),
@@ -91,6 +98,9 @@ impl RedisOptions {
         if !ok {
             return Err(RedisUrlError::Prefix(prefix));
         }
+        if let Some(name) = unknown_option(&rest) {
+            return Err(RedisUrlError::UnknownOption(name));
+        }
         let server = match rest
             .strip_prefix(CLUSTER_SCHEME)
             .and_then(|r| r.strip_prefix("://"))
@@ -115,6 +125,20 @@ impl RedisOptions {
             durability,
         })
     }
+}
+
+/// The first query parameter left in `url` (idem's own taken out) that the redis crate does
+/// not read either: it reads only `protocol=` from a TCP URL. Only the name is returned, as
+/// the value may be a secret put in the wrong place.
+fn unknown_option(url: &str) -> Option<String> {
+    let query = url.split_once('?')?.1;
+    let query = query.split_once('#').map_or(query, |(q, _fragment)| q);
+    query
+        .split('&')
+        .filter(|pair| !pair.is_empty())
+        .map(|pair| pair.split_once('=').map_or(pair, |(name, _)| name))
+        .find(|name| *name != "protocol")
+        .map(str::to_owned)
 }
 
 /// Each node's own `redis://` URL from what follows `redis+cluster://`: `[USER:PASS@]` and the
@@ -205,6 +229,30 @@ mod tests {
             RedisOptions::from_url("redis://h:notaport"),
             Err(RedisUrlError::Url(_))
         ));
+    }
+
+    #[test]
+    fn refuses_options_nobody_reads() {
+        for (url, name) in [
+            ("redis://h/?prefx=tenant_b", "prefx"),
+            ("redis://h/?prefix=p&durabilty=volatile", "durabilty"),
+            ("redis://h/?password=hunter2", "password"),
+            ("redis+cluster://h:7000/?prefix=p&db=1", "db"),
+            ("redis://h/?timeout", "timeout"),
+        ] {
+            match RedisOptions::from_url(url) {
+                Err(e @ RedisUrlError::UnknownOption(_)) => {
+                    let said = e.to_string();
+                    assert!(said.contains(&format!("{name:?}")), "{said}");
+                    assert!(said.contains("prefix="), "{said}");
+                    assert!(!said.contains("hunter2"), "{said}");
+                }
+                other => panic!("{url}: {other:?}"),
+            }
+        }
+        for fine in ["redis://h/?protocol=resp2&prefix=p", "redis://h/?prefix=p&"] {
+            assert!(RedisOptions::from_url(fine).is_ok(), "{fine}");
+        }
     }
 
     #[test]

@@ -291,6 +291,8 @@ mod tests {
             "host=db user=idem password=s3cret",
             "postgres://idem@db/app?password=s3cret&schema=Bad",
             "postgres://idem:s3cret@db/app?schema=Bad",
+            "postgres://idem:s3cret@db/app?schem=other",
+            "redis://u:s3cret@h/?prefx=other",
         ] {
             assert!(!err(secret).contains("s3cret"), "{}", err(secret));
         }
@@ -303,6 +305,10 @@ mod tests {
         assert!(err("postgres://h/db?schema=Bad").contains("plain identifier"));
         assert!(err("postgres://h/db?pool_size=0").contains("pool_size=0 is not a whole number"));
         assert!(err("redis://h?prefix=a:b").contains("prefix"));
+        assert!(err("redis://h/?prefx=b").contains("unknown option \"prefx\"; idem takes prefix="));
+        assert!(
+            err("postgres://h/db?schem=b").contains("unknown option `schem`; idem takes schema=")
+        );
     }
 
     #[test]
