@@ -20,6 +20,12 @@
 #   hyper-util's pooled client and with request-driven upstream connections; and under a
 #   replay, the same hyper server reading each body and answering it itself
 #   idempotent-proxy (ldclabs) on memory and on Redis, when PEER_BIN names its server binary
+# Each row also gives the measured process's CPU split into user and system time, and how
+# often per request its threads were taken off a core while runnable (involuntary context
+# switches). The system share is the kernel's TCP path, which on loopback runs the reader's
+# receive path inside each write; a process chooses only how many system calls it makes, and
+# the cost of each moves with the machine's kernel and hypervisor more than the user share
+# does. The switches show whether the threads were fighting wrk for the cores.
 # For Redis and PostgreSQL the store server's own CPU per request is given beside the
 # gateway's (redis-server's process; every postgres process of the cluster), and for every idem
 # row the split by thread (tokio's workers summed under one name).
@@ -106,6 +112,27 @@ ticks() { # PID...
   done
   echo "$t"
 }
+# User and system CPU ticks of some processes, all their threads, summed: "USER SYSTEM".
+user_system() { # PID...
+  local u=0 s=0 p pu ps
+  for p in "$@"; do
+    if [ -r "/proc/$p/stat" ]; then
+      read -r pu ps < <(awk '{print $14, $15}' "/proc/$p/stat" 2>/dev/null || echo 0 0)
+      u=$((u + pu)) s=$((s + ps))
+    fi
+  done
+  echo "$u $s"
+}
+# How often the threads of some processes were taken off a core while they could still run
+# (involuntary context switches, summed): on these 2 cores, mostly by a wrk thread that the
+# process's own write to its socket woke.
+preempted() { # PID...
+  local n=0 p
+  for p in "$@"; do
+    n=$((n + $(cat /proc/"$p"/task/*/status 2>/dev/null | awk '/^nonvoluntary_ctxt_switches/ {s += $2} END {print s + 0}')))
+  done
+  echo "$n"
+}
 # One line per thread of PID: name and CPU ticks.
 threads() { # PID
   for t in /proc/"$1"/task/*; do
@@ -133,19 +160,26 @@ NGINX_RUNS=()
 # threads are split (or empty).
 row() { # LABEL PORT SCRIPT PATH "PIDS" SERVER_PIDS THREADS_OF
   local label=$1 port=$2 script=$3 path=$4 pids=$5 server=$6 split_of=$7
-  local c0 c1 s0=0 s1=0 spids="" out n rps p99 non2xx cpu scpu="" split=""
+  local c0 c1 s0=0 s1=0 spids="" out n rps p99 non2xx cpu scpu="" split="" us0 us1 k0 k1 kernel
   [ -n "$server" ] && spids=$($server)
   c0=$(ticks $pids)
+  us0=$(user_system $pids)
+  k0=$(preempted $pids)
   [ -n "$spids" ] && s0=$(ticks $spids)
   [ -n "$split_of" ] && threads "$split_of" >"$WORK/before"
   out=$(wrk -t2 -c$CONNS -d"${DURATION}s" --latency -s "$WORK/$script" "http://127.0.0.1:$port$path")
   c1=$(ticks $pids)
+  us1=$(user_system $pids)
+  k1=$(preempted $pids)
   [ -n "$spids" ] && s1=$(ticks $spids)
   n=$(awk '/requests in/ {print $1}' <<<"$out")
   rps=$(awk '/Requests\/sec/ {printf "%d", $2}' <<<"$out")
   p99=$(awk '$1=="99%" {print $2}' <<<"$out")
   non2xx=$(awk '/Non-2xx/ {print $5}' <<<"$out")
   cpu=$(awk -v c=$((c1 - c0)) -v n="$n" -v t="$TICK" 'BEGIN {printf "%.1f", c / t * 1e6 / n}')
+  kernel=$(awk -v a="$us0" -v b="$us1" -v k=$((k1 - k0)) -v n="$n" -v t="$TICK" 'BEGIN {
+    split(a, x, " "); split(b, y, " ")
+    printf "%.1f / %.1f; %.2f", (y[1] - x[1]) / t * 1e6 / n, (y[2] - x[2]) / t * 1e6 / n, k / n }')
   case $label in nginx*) NGINX_RUNS+=("$cpu") ;; esac
   [ -n "$spids" ] && scpu=$(awk -v c=$((s1 - s0)) -v n="$n" -v t="$TICK" 'BEGIN {printf "%.1f", c / t * 1e6 / n}')
   if [ -n "$split_of" ]; then
@@ -154,7 +188,7 @@ row() { # LABEL PORT SCRIPT PATH "PIDS" SERVER_PIDS THREADS_OF
       <(awk '{a[$1] += $2} END {for (k in a) print k, a[k]}' "$WORK/after" | sort) |
       awk -v n="$n" -v t="$TICK" '$3 > $2 {printf "%s %.1f; ", $1, ($3 - $2) / t * 1e6 / n}')
   fi
-  printf '%s\t%s\t%s\t%s\t%s\t%s\n' "$label" "$rps" "$p99" "${non2xx:-0}" "$cpu" "${scpu:-}${split:+ ($split)}" >>"$ROWS_OUT"
+  printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$label" "$rps" "$p99" "${non2xx:-0}" "$cpu" "${scpu:-}${split:+ ($split)}" "$kernel" >>"$ROWS_OUT"
 }
 
 # Prints the kept rows, each with its ratio to the mean of nginx's runs.
@@ -163,8 +197,8 @@ print_rows() {
   mean=$(printf '%s\n' "${NGINX_RUNS[@]}" | awk '{s += $1} END {printf "%.2f", s / NR}')
   awk -F'\t' -v m="$mean" '{
     r = ($5 == "" ? "" : sprintf("%.2f", $5 / m))
-    if ($5 == "") printf "| %s | | | | | | |\n", $1
-    else printf "| %s | %s | %s | %s | **%s** | %s | %s |\n", $1, $2, $3, $4, $5, r, $6
+    if ($5 == "") printf "| %s | | | | | | | |\n", $1
+    else printf "| %s | %s | %s | %s | **%s** | %s | %s | %s |\n", $1, $2, $3, $4, $5, r, $7, $6
   }' "$ROWS_OUT"
   echo
   echo "× nginx: to the mean of nginx's two runs, ${NGINX_RUNS[*]} µs (first and last), $mean µs."
@@ -246,8 +280,8 @@ peer_rows() { # NAME PORT REDIS_URL
 
 echo "wrk -t2 -c$CONNS -d${DURATION}s per row, $(nproc) cores, $(date -u +%Y-%m-%dT%H:%MZ), idem $(git rev-parse --short HEAD 2>/dev/null || echo '?')"
 echo
-echo '| row | requests/s | p99 | non-2xx | CPU µs/request | × nginx | store server CPU µs/request (and the split by thread) |'
-echo '|---|---:|---:|---:|---:|---:|---|'
+echo '| row | requests/s | p99 | non-2xx | CPU µs/request | × nginx | user / system µs; preempted, per request | store server CPU µs/request (and the split by thread) |'
+echo '|---|---:|---:|---:|---:|---:|---|---|'
 # nginx's row comes first and last in every run: the mean of the two is the denominator.
 nginx_row() { # LABEL
   row "$1" 18302 same.lua /v1/charges "$(pgrep -d ' ' -P "$(cat "$WORK/proxy/nginx.pid")")" "" ""
