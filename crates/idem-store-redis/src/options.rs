@@ -98,9 +98,6 @@ impl RedisOptions {
         if !ok {
             return Err(RedisUrlError::Prefix(prefix));
         }
-        if let Some(name) = unknown_option(&rest) {
-            return Err(RedisUrlError::UnknownOption(name));
-        }
         let server = match rest
             .strip_prefix(CLUSTER_SCHEME)
             .and_then(|r| r.strip_prefix("://"))
@@ -109,12 +106,14 @@ impl RedisOptions {
             None => Server::Single(rest),
         };
         // Parse now, so a bad URL is refused before anything connects.
-        match &server {
-            Server::Single(url) => drop(redis::Client::open(url.as_str())?),
-            Server::Cluster(nodes) => {
-                for n in nodes {
-                    redis::Client::open(n.as_str())?;
-                }
+        let urls = match &server {
+            Server::Single(url) => std::slice::from_ref(url),
+            Server::Cluster(nodes) => nodes.as_slice(),
+        };
+        for url in urls {
+            redis::Client::open(url.as_str())?;
+            if let Some(name) = unknown_option(url) {
+                return Err(RedisUrlError::UnknownOption(name));
             }
         }
         Ok(RedisOptions {
@@ -127,16 +126,18 @@ impl RedisOptions {
     }
 }
 
-/// The first query parameter left in `url` (idem's own taken out) that the redis crate does
-/// not read either: it reads only `protocol=` from a TCP URL. Only the name is returned, as
-/// the value may be a secret put in the wrong place.
+/// The first query parameter left in a server's `url` (idem's own taken out) that the redis
+/// crate does not read either: it reads only `protocol=` from a TCP URL. The query is the
+/// one the redis crate's own parser finds, so a `?` typed into a password is not taken for
+/// one. Only the name is returned, as written (idem's own were taken out as written), as the
+/// value may be a secret put in the wrong place.
 fn unknown_option(url: &str) -> Option<String> {
-    let query = url.split_once('?')?.1;
-    let query = query.split_once('#').map_or(query, |(q, _fragment)| q);
-    query
+    let parsed = redis::parse_redis_url(url)?;
+    parsed
+        .query()?
         .split('&')
         .filter(|pair| !pair.is_empty())
-        .map(|pair| pair.split_once('=').map_or(pair, |(name, _)| name))
+        .map(|pair| pair.split_once('=').map_or(pair, |(name, _value)| name))
         .find(|name| *name != "protocol")
         .map(str::to_owned)
 }
@@ -239,6 +240,7 @@ mod tests {
             ("redis://h/?password=hunter2", "password"),
             ("redis+cluster://h:7000/?prefix=p&db=1", "db"),
             ("redis://h/?timeout", "timeout"),
+            ("redis://u:pw@h/?prefix=p&pre%66ix=q", "pre%66ix"),
         ] {
             match RedisOptions::from_url(url) {
                 Err(e @ RedisUrlError::UnknownOption(_)) => {
@@ -250,6 +252,12 @@ mod tests {
                 other => panic!("{url}: {other:?}"),
             }
         }
+        // A `?` typed into a password: refused by the redis crate's parser, naming none of it.
+        let said = RedisOptions::from_url("redis://u:s3?cret@h/?prefix=a")
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default();
+        assert!(!said.is_empty() && !said.contains("cret"), "{said}");
         for fine in ["redis://h/?protocol=resp2&prefix=p", "redis://h/?prefix=p&"] {
             assert!(RedisOptions::from_url(fine).is_ok(), "{fine}");
         }
