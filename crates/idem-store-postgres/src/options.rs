@@ -89,12 +89,16 @@ pub const DEFAULT_SCHEMA: &str = "idem";
 /// Why a PostgreSQL URL was refused.
 #[derive(Debug, thiserror::Error)]
 pub enum PgUrlError {
-    /// tokio-postgres refused the connection string. Shown with its cause (tokio-postgres's
-    /// own message stops at "invalid connection string", which names neither the option nor
-    /// the value) and, for an option neither idem nor tokio-postgres knows, the ones idem
-    /// takes, since a misspelled `schema=` is the likely mistake.
-    #[error("{}", config_refusal(.0))]
-    Config(#[from] tokio_postgres::Error),
+    /// tokio-postgres refused the connection string. Its own message stops at "invalid
+    /// connection string"; `detail` adds what [`refusal_detail`] can say without showing any
+    /// part of a password.
+    #[error("{error}{}", detail.as_deref().map(|d| format!(": {d}")).unwrap_or_default())]
+    Config {
+        /// tokio-postgres's refusal.
+        error: tokio_postgres::Error,
+        /// The option it refused and what to write instead, when that is safe to show.
+        detail: Option<String>,
+    },
     /// The schema name is not a plain identifier.
     #[error(
         "schema {0:?} is not a plain identifier: use 1 to 63 of a-z, 0-9 and _, not starting with a digit or pg_"
@@ -114,16 +118,56 @@ pub enum PgUrlError {
 /// idem's own parameters in a PostgreSQL URL, as a refusal names them.
 const IDEM_PARAMETERS: &str = "schema=, pooler=, durability= and pool_size=";
 
-/// tokio-postgres's refusal with its cause, which its `Display` leaves out.
-fn config_refusal(e: &tokio_postgres::Error) -> String {
+/// What tokio-postgres's refusal of `url` can add to its bare "invalid connection string":
+/// the option it did not know, or the one whose value it refused (never the value), and for
+/// an unknown one the parameters idem takes, since a misspelled `schema=` is the likely
+/// mistake.
+///
+/// Only for the URL form, and only when nothing in its query could be a password's: a
+/// `key=value` string's tokens and a URL whose query holds an `@` (a raw `?` or `@` typed
+/// into the password, which tokio-postgres then reads partly as the query) or a
+/// `password=` (whose value a raw `&` would split into a second "option") get nothing.
+fn refusal_detail(url: &str, e: &tokio_postgres::Error) -> Option<String> {
     use std::error::Error as _;
-    match e.source() {
-        Some(cause) if cause.to_string().starts_with("unknown option") => format!(
-            "{e}: {cause}; idem takes {IDEM_PARAMETERS}, and the rest as libpq's connection parameters"
-        ),
-        Some(cause) => format!("{e}: {cause}"),
-        None => e.to_string(),
+    let query = url.split_once('?').map_or("", |(_, query)| query);
+    if !is_url(url) || query.contains("password=") {
+        return None;
     }
+    if query.contains('@') {
+        return Some(
+            "if the user name or password holds `?` or `@`, write them as %3F and %40".to_owned(),
+        );
+    }
+    let cause = e.source()?.to_string();
+    if let Some(name) = cause
+        .strip_prefix("unknown option `")
+        .and_then(|rest| rest.strip_suffix('`'))
+    {
+        return Some(
+            if ["schema", "pooler", "durability", "pool_size"].contains(&name) {
+                format!(
+                    "{cause}: idem reads {name}= only as written in the URL's query, not \
+                 percent-encoded (and a `?` in the password must be written %3F)"
+                )
+            } else {
+                format!(
+                    "{cause}; idem takes {IDEM_PARAMETERS}, and the rest as libpq's connection parameters"
+                )
+            },
+        );
+    }
+    cause
+        .starts_with("invalid value for option `")
+        .then_some(cause)
+}
+
+/// Whether `s` is the URL form (`postgres://` or `postgresql://`) rather than a libpq
+/// `key=value` string, whose values may hold a `?` that is not a query's start.
+fn is_url(s: &str) -> bool {
+    ["postgres://", "postgresql://"].iter().any(|scheme| {
+        s.get(..scheme.len())
+            .is_some_and(|head| head.eq_ignore_ascii_case(scheme))
+    })
 }
 
 /// The most connections `pool_size=` may ask for: PostgreSQL's own default
@@ -133,22 +177,29 @@ pub const MAX_POOL_SIZE: usize = 1000;
 impl PgOptions {
     /// Parses `postgres://...`, taking idem's `schema=NAME`, `pooler=none|transaction`,
     /// `durability=required|volatile` and `pool_size=N` query parameters out before
-    /// tokio-postgres reads the rest.
+    /// tokio-postgres reads the rest. A libpq `key=value` string is passed whole: idem's
+    /// parameters are read from a URL's query only.
     pub fn from_url(url: &str) -> Result<Self, PgUrlError> {
-        let (rest, pooler) = idem_core::store::take_url_param(url, "pooler");
+        // idem's parameters live in a URL's query only; a `key=value` string is left whole.
+        let url_form = is_url(url);
+        let take = |s: &str, name: &str| match url_form {
+            true => idem_core::store::take_url_param(s, name),
+            false => (s.to_owned(), None),
+        };
+        let (rest, pooler) = take(url, "pooler");
         let pooler = match pooler.as_deref() {
             None => Pooler::Detect,
             Some("none") => Pooler::None,
             Some("transaction") => Pooler::Transaction,
             Some(other) => return Err(PgUrlError::Pooler(other.to_owned())),
         };
-        let (rest, durability) = idem_core::store::take_url_param(&rest, "durability");
+        let (rest, durability) = take(&rest, "durability");
         let durability = match durability.as_deref() {
             None | Some("required") => Durability::Required,
             Some("volatile") => Durability::Volatile,
             Some(other) => return Err(PgUrlError::Durability(other.to_owned())),
         };
-        let (rest, pool_size) = idem_core::store::take_url_param(&rest, "pool_size");
+        let (rest, pool_size) = take(&rest, "pool_size");
         let pool_size = match pool_size {
             None => DEFAULT_POOL_SIZE,
             Some(n) => match n.parse::<usize>() {
@@ -156,12 +207,15 @@ impl PgOptions {
                 _ => return Err(PgUrlError::PoolSize(n)),
             },
         };
-        let (rest, schema) = idem_core::store::take_url_param(&rest, "schema");
+        let (rest, schema) = take(&rest, "schema");
         let schema = schema.unwrap_or_else(|| DEFAULT_SCHEMA.to_owned());
         if !is_identifier(&schema) {
             return Err(PgUrlError::Schema(schema));
         }
-        let mut config: tokio_postgres::Config = rest.parse()?;
+        let mut config: tokio_postgres::Config = rest.parse().map_err(|error| {
+            let detail = refusal_detail(&rest, &error);
+            PgUrlError::Config { error, detail }
+        })?;
         if config.get_connect_timeout().is_none() {
             config.connect_timeout(Duration::from_secs(5));
         }
@@ -251,7 +305,7 @@ mod tests {
         }
         assert!(matches!(
             PgOptions::from_url("postgres://h/db?nonsense=1"),
-            Err(PgUrlError::Config(_))
+            Err(PgUrlError::Config { .. })
         ));
         assert!(matches!(
             PgOptions::from_url("postgres://h/db?pooler=pgbouncer"),
@@ -279,6 +333,51 @@ mod tests {
         let bad_port = refusal("postgres://h:port/db");
         assert!(bad_port.contains("`port`"), "{bad_port}");
         assert!(!bad_port.contains("idem takes"), "{bad_port}");
+        let encoded = refusal("postgres://h/db?sch%65ma=x");
+        assert!(encoded.contains("not percent-encoded"), "{encoded}");
+    }
+
+    /// A `key=value` string is left whole: a `?` in its password starts no query.
+    #[test]
+    fn a_key_value_string_keeps_its_password_whole() {
+        for input in [
+            "host=h password=pa?pool_size=Secret",
+            "host=h password=pa?schema=x",
+        ] {
+            let o = PgOptions::from_url(input).expect("parses");
+            assert_eq!(o.schema, DEFAULT_SCHEMA, "{input}");
+            assert_eq!(o.pool_size, DEFAULT_POOL_SIZE, "{input}");
+            let password = o.config.get_password().map(<[u8]>::to_vec);
+            assert_eq!(
+                password.as_deref(),
+                input.strip_prefix("host=h password=").map(str::as_bytes)
+            );
+        }
+    }
+
+    /// Where tokio-postgres would read part of a password as the query, or a `key=value`
+    /// string's tokens, the refusal names nothing.
+    #[test]
+    fn a_refusal_shows_no_part_of_a_password() {
+        for (input, secret) in [
+            ("postgres://u:p@ss?k=v@127.0.0.1:5432/test", "`k`"),
+            ("postgres://u:s3cret@h/db?password=hun&ter=2", "ter"),
+            ("host=h dbname=test password=correct horse=battery", "horse"),
+            ("host=h dbname=test password=correct horse battery", "`b`"),
+            ("host=h password='correct'horse=1", "horse"),
+        ] {
+            match PgOptions::from_url(input) {
+                Err(e) => {
+                    let said = e.to_string();
+                    assert!(!said.contains(secret), "{input}: {said}");
+                    assert!(said.starts_with("invalid connection string"), "{said}");
+                    if input.starts_with("postgres://u:p@ss") {
+                        assert!(said.contains("%3F"), "{said}");
+                    }
+                }
+                Ok(_) => panic!("{input} parsed"),
+            }
+        }
     }
 
     #[test]

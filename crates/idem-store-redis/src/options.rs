@@ -64,11 +64,14 @@ pub enum RedisUrlError {
     Durability(String),
     /// A query parameter neither idem nor the redis crate reads. The redis crate ignores
     /// what it does not know, so a misspelled `prefix=` would otherwise put this deployment's
-    /// keys in the default prefix, beside another's.
-    #[error(
-        "unknown option {0:?}; idem takes prefix= and durability=, and the redis crate protocol="
-    )]
+    /// keys in the default prefix, beside another's. Empty when the parameter has no name.
+    #[error("unknown option {0:?}; idem's Redis URLs take prefix=, durability= and protocol=")]
     UnknownOption(String),
+    /// An `@` after the host's end: a user name or password holding a raw `/`, `?` or `#`,
+    /// which ends the host part early. Refused before anything else reads the URL, since
+    /// what follows would be read as a path or a query and could be shown in a refusal.
+    #[error("a user name or password holds `/`, `?` or `#`: percent-encode them (%2F, %3F, %23)")]
+    UnencodedUserinfo,
     /// A cluster URL that names no node, or a database other than 0 (a cluster has one).
     #[error("{0}")]
     Cluster(String),
@@ -82,6 +85,9 @@ impl RedisOptions {
     /// cluster, from any of the nodes listed), taking idem's `prefix=NAME` and
     /// `durability=required|volatile` query parameters out first.
     pub fn from_url(url: &str) -> Result<Self, RedisUrlError> {
+        if unencoded_userinfo(url) {
+            return Err(RedisUrlError::UnencodedUserinfo);
+        }
         let (rest, durability) = idem_core::store::take_url_param(url, "durability");
         let durability = match durability.as_deref() {
             None | Some("required") => Durability::Required,
@@ -126,20 +132,34 @@ impl RedisOptions {
     }
 }
 
+/// Whether an `@` comes after the end of the URL's host part (the first `/`, `?` or `#`
+/// after the scheme): then the user name or password holds one of those unencoded. No `@`
+/// belongs after it in a Redis URL: idem's parameters and `protocol=` take none.
+fn unencoded_userinfo(url: &str) -> bool {
+    let after_scheme = url.split_once("://").map_or(url, |(_, rest)| rest);
+    after_scheme
+        .find(['/', '?', '#'])
+        .is_some_and(|end| after_scheme[end..].contains('@'))
+}
+
 /// The first query parameter left in a server's `url` (idem's own taken out) that the redis
-/// crate does not read either: it reads only `protocol=` from a TCP URL. The query is the
-/// one the redis crate's own parser finds, so a `?` typed into a password is not taken for
-/// one. Only the name is returned, as written (idem's own were taken out as written), as the
-/// value may be a secret put in the wrong place.
+/// crate does not read either: it reads only `protocol=` from a TCP URL, its name
+/// percent-decoded. The query is the one the redis crate's own parser finds. The name is
+/// returned as written (idem's own were taken out as written); never its value, which may
+/// be a secret put in the wrong place.
 fn unknown_option(url: &str) -> Option<String> {
     let parsed = redis::parse_redis_url(url)?;
-    parsed
+    let written = parsed
         .query()?
         .split('&')
         .filter(|pair| !pair.is_empty())
-        .map(|pair| pair.split_once('=').map_or(pair, |(name, _value)| name))
-        .find(|name| *name != "protocol")
-        .map(str::to_owned)
+        .map(|pair| pair.split_once('=').map_or(pair, |(name, _value)| name));
+    // `query_pairs` splits the same way and skips the same empty pieces, decoding each.
+    let decoded = parsed.query_pairs().map(|(name, _value)| name);
+    written
+        .zip(decoded)
+        .find(|(_, decoded)| decoded != "protocol")
+        .map(|(written, _)| written.to_owned())
 }
 
 /// Each node's own `redis://` URL from what follows `redis+cluster://`: `[USER:PASS@]` and the
@@ -241,6 +261,7 @@ mod tests {
             ("redis+cluster://h:7000/?prefix=p&db=1", "db"),
             ("redis://h/?timeout", "timeout"),
             ("redis://u:pw@h/?prefix=p&pre%66ix=q", "pre%66ix"),
+            ("redis://h/?=x", ""),
         ] {
             match RedisOptions::from_url(url) {
                 Err(e @ RedisUrlError::UnknownOption(_)) => {
@@ -252,15 +273,37 @@ mod tests {
                 other => panic!("{url}: {other:?}"),
             }
         }
-        // A `?` typed into a password: refused by the redis crate's parser, naming none of it.
-        let said = RedisOptions::from_url("redis://u:s3?cret@h/?prefix=a")
-            .err()
-            .map(|e| e.to_string())
-            .unwrap_or_default();
-        assert!(!said.is_empty() && !said.contains("cret"), "{said}");
-        for fine in ["redis://h/?protocol=resp2&prefix=p", "redis://h/?prefix=p&"] {
+        for fine in [
+            "redis://h/?pro%74ocol=resp2",
+            "redis://h/?protocol=resp2&prefix=p",
+            "redis://h/?prefix=p&",
+        ] {
             assert!(RedisOptions::from_url(fine).is_ok(), "{fine}");
         }
+    }
+
+    /// A raw `/`, `?` or `#` in a password ends the host part early, and the rest would be
+    /// read as a path or a query: refused first, naming none of it.
+    #[test]
+    fn a_password_holding_url_delimiters_is_refused_unseen() {
+        for url in [
+            "redis://u:s3?cret@h/?prefix=a",
+            "redis://default:2024?Summer!@127.0.0.1:6379/?prefix=a",
+            "redis://default:123?cret@127.0.0.1:6379/",
+            "redis://u:s3/cret@h/",
+            "redis://u:s3#cret@h/",
+            "redis+cluster://u:123?cret=x@127.0.0.1:7000,127.0.0.1:7001/?prefix=a",
+            "redis+cluster://u:s3/cret@127.0.0.1:7000,127.0.0.1:7001/?prefix=a",
+        ] {
+            match RedisOptions::from_url(url) {
+                Err(e @ RedisUrlError::UnencodedUserinfo) => {
+                    let said = e.to_string();
+                    assert!(!said.contains("cret") && !said.contains("Summer"), "{said}");
+                }
+                other => panic!("{url}: {other:?}"),
+            }
+        }
+        assert!(RedisOptions::from_url("redis://u:s3%3Fcret@h/?prefix=a").is_ok());
     }
 
     #[test]

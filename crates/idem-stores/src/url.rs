@@ -293,6 +293,8 @@ mod tests {
             "postgres://idem:s3cret@db/app?schema=Bad",
             "postgres://idem:s3cret@db/app?schem=other",
             "redis://u:s3cret@h/?prefx=other",
+            "redis://default:2024?s3cret@127.0.0.1:6379/?prefix=a",
+            "postgres://u:p@s3cret?k=v@127.0.0.1:5432/test",
         ] {
             assert!(!err(secret).contains("s3cret"), "{}", err(secret));
         }
@@ -305,7 +307,10 @@ mod tests {
         assert!(err("postgres://h/db?schema=Bad").contains("plain identifier"));
         assert!(err("postgres://h/db?pool_size=0").contains("pool_size=0 is not a whole number"));
         assert!(err("redis://h?prefix=a:b").contains("prefix"));
-        assert!(err("redis://h/?prefx=b").contains("unknown option \"prefx\"; idem takes prefix="));
+        assert!(
+            err("redis://h/?prefx=b")
+                .contains("unknown option \"prefx\"; idem's Redis URLs take prefix=")
+        );
         assert!(
             err("postgres://h/db?schem=b").contains("unknown option `schem`; idem takes schema=")
         );
