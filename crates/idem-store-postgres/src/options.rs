@@ -146,8 +146,7 @@ fn refusal_detail(url: &str, e: &tokio_postgres::Error) -> Option<String> {
         return Some(
             if ["schema", "pooler", "durability", "pool_size"].contains(&name) {
                 format!(
-                    "{cause}: idem reads {name}= only as written in the URL's query, not \
-                 percent-encoded (and a `?` in the password must be written %3F)"
+                    "{cause}: idem reads {name}= from the URL's query written plainly, not percent-encoded"
                 )
             } else {
                 format!(
