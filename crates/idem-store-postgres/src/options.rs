@@ -90,7 +90,7 @@ pub const DEFAULT_SCHEMA: &str = "idem";
 #[derive(Debug, thiserror::Error)]
 pub enum PgUrlError {
     /// tokio-postgres refused the connection string. Its own message stops at "invalid
-    /// connection string"; `detail` adds what [`refusal_detail`] can say without showing any
+    /// connection string"; `detail` adds what can be said without showing any
     /// part of a password.
     #[error("{error}{}", detail.as_deref().map(|d| format!(": {d}")).unwrap_or_default())]
     Config {
