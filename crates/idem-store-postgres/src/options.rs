@@ -110,6 +110,14 @@ pub enum PgUrlError {
     /// `durability=` is neither `required` nor `volatile`.
     #[error("durability={0} is not required or volatile")]
     Durability(String),
+    /// Two `@` before the URL's path: a user name or password holding a raw `@`, which
+    /// tokio-postgres would end at the first and then look up the rest as a host.
+    #[error("a user name or password holds `@`: percent-encode it as %40")]
+    UnencodedAt,
+    /// One of idem's parameters given twice: the last would win quietly, and a `schema=`
+    /// that is not the one meant puts the records beside another deployment's.
+    #[error("{0}= is given twice; give it once")]
+    Repeated(&'static str),
     /// `pool_size=` is not a whole number from 1 to [`MAX_POOL_SIZE`].
     #[error("pool_size={0} is not a whole number from 1 to {MAX_POOL_SIZE}")]
     PoolSize(String),
@@ -117,6 +125,8 @@ pub enum PgUrlError {
 
 /// idem's own parameters in a PostgreSQL URL, as a refusal names them.
 const IDEM_PARAMETERS: &str = "schema=, pooler=, durability= and pool_size=";
+/// The same, by name.
+const IDEM_NAMES: [&str; 4] = ["schema", "pooler", "durability", "pool_size"];
 
 /// What tokio-postgres's refusal of `url` can add to its bare "invalid connection string":
 /// the option it did not know, or the one whose value it refused (never the value), and for
@@ -143,17 +153,15 @@ fn refusal_detail(url: &str, e: &tokio_postgres::Error) -> Option<String> {
         .strip_prefix("unknown option `")
         .and_then(|rest| rest.strip_suffix('`'))
     {
-        return Some(
-            if ["schema", "pooler", "durability", "pool_size"].contains(&name) {
-                format!(
-                    "{cause}: idem reads {name}= from the URL's query written plainly, not percent-encoded"
-                )
-            } else {
-                format!(
-                    "{cause}; idem takes {IDEM_PARAMETERS}, and the rest as libpq's connection parameters"
-                )
-            },
-        );
+        return Some(if IDEM_NAMES.contains(&name) {
+            format!(
+                "{cause}: idem reads {name}= from the URL's query written plainly, not percent-encoded"
+            )
+        } else {
+            format!(
+                "{cause}; idem takes {IDEM_PARAMETERS}, and the rest as libpq's connection parameters"
+            )
+        });
     }
     cause
         .starts_with("invalid value for option `")
@@ -181,6 +189,24 @@ impl PgOptions {
     pub fn from_url(url: &str) -> Result<Self, PgUrlError> {
         // idem's parameters live in a URL's query only; a `key=value` string is left whole.
         let url_form = is_url(url);
+        let lowered;
+        let url = if url_form {
+            // tokio-postgres reads only a lower-case scheme; idem's URLs take any case.
+            let (scheme, rest) = url.split_once("://").unwrap_or((url, ""));
+            lowered = format!("{}://{rest}", scheme.to_ascii_lowercase());
+            let before_path = rest
+                .split_once('/')
+                .map_or(rest, |(authority, _)| authority);
+            if before_path.matches('@').count() > 1 {
+                return Err(PgUrlError::UnencodedAt);
+            }
+            if let Some(name) = idem_core::store::repeated_url_param(rest, &IDEM_NAMES) {
+                return Err(PgUrlError::Repeated(name));
+            }
+            lowered.as_str()
+        } else {
+            url
+        };
         let take = |s: &str, name: &str| match url_form {
             true => idem_core::store::take_url_param(s, name),
             false => (s.to_owned(), None),
@@ -336,6 +362,46 @@ mod tests {
         assert!(encoded.contains("not percent-encoded"), "{encoded}");
     }
 
+    #[test]
+    fn an_upper_case_scheme_reads_as_the_lower_case_one() {
+        for url in ["POSTGRES://u@h/db?schema=s", "PostgreSQL://u@h/db?schema=s"] {
+            let o = PgOptions::from_url(url).expect("parses");
+            assert_eq!(
+                (o.schema.as_str(), o.config.get_dbname()),
+                ("s", Some("db")),
+                "{url}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_raw_at_sign_or_a_repeated_parameter_is_refused() {
+        for url in [
+            "postgres://postgres:s3cr@t@127.0.0.1:5432/test",
+            "postgres://us@r:pw@127.0.0.1:5432/test",
+            "postgres://u:p@ss?k=v@127.0.0.1:5432/test",
+        ] {
+            match PgOptions::from_url(url) {
+                Err(e @ PgUrlError::UnencodedAt) => assert!(!e.to_string().contains("s3cr")),
+                other => panic!("{url}: {other:?}"),
+            }
+        }
+        assert!(PgOptions::from_url("postgres://h/db?application_name=me@x&schema=s").is_ok());
+        assert!(PgOptions::from_url("postgres://u:s3cr%40t@h/db").is_ok());
+        for (url, name) in [
+            ("postgres://h/db?schema=a&schema=b", "schema"),
+            (
+                "postgres://h/db?pool_size=4&schema=a&pool_size=8",
+                "pool_size",
+            ),
+        ] {
+            assert!(
+                matches!(PgOptions::from_url(url), Err(PgUrlError::Repeated(n)) if n == name),
+                "{url}"
+            );
+        }
+    }
+
     /// A `key=value` string is left whole: a `?` in its password starts no query.
     #[test]
     fn a_key_value_string_keeps_its_password_whole() {
@@ -359,7 +425,7 @@ mod tests {
     #[test]
     fn a_refusal_shows_no_part_of_a_password() {
         for (input, secret) in [
-            ("postgres://u:p@ss?k=v@127.0.0.1:5432/test", "`k`"),
+            ("postgres://u:pa?s3cr@127.0.0.1:5432/test?schema=x", "s3cr"),
             ("postgres://u:s3cret@h/db?password=hun&ter=2", "ter"),
             ("host=h dbname=test password=correct horse=battery", "horse"),
             ("host=h dbname=test password=correct horse battery", "`b`"),
@@ -370,7 +436,7 @@ mod tests {
                     let said = e.to_string();
                     assert!(!said.contains(secret), "{input}: {said}");
                     assert!(said.starts_with("invalid connection string"), "{said}");
-                    if input.starts_with("postgres://u:p@ss") {
+                    if input.starts_with("postgres://u:pa?s3cr") {
                         assert!(said.contains("%3F"), "{said}");
                     }
                 }

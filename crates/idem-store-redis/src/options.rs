@@ -67,11 +67,19 @@ pub enum RedisUrlError {
     /// keys in the default prefix, beside another's. Empty when the parameter has no name.
     #[error("unknown option {0:?}; idem's Redis URLs take prefix=, durability= and protocol=")]
     UnknownOption(String),
-    /// An `@` after the host's end: a user name or password holding a raw `/`, `?` or `#`,
-    /// which ends the host part early. Refused before anything else reads the URL, since
-    /// what follows would be read as a path or a query and could be shown in a refusal.
-    #[error("a user name or password holds `/`, `?` or `#`: percent-encode them (%2F, %3F, %23)")]
+    /// An `@` after the host's end: most likely a user name or password holding a raw `/`,
+    /// `?` or `#`, which ends the host part early (no parameter takes an `@`). Refused before
+    /// anything else reads the URL, since what follows would be read as a path or a query
+    /// and could be shown in a refusal.
+    #[error(
+        "the URL has an `@` after its host part: percent-encode a `/`, `?` or `#` in a user name or password (%2F, %3F, %23); no parameter takes an `@`"
+    )]
     UnencodedUserinfo,
+    /// One of idem's or the redis crate's parameters given twice: the last would win
+    /// quietly, and a `prefix=` that is not the one meant puts the keys beside another
+    /// deployment's.
+    #[error("{0}= is given twice; give it once")]
+    Repeated(&'static str),
     /// A cluster URL that names no node, or a database other than 0 (a cluster has one).
     #[error("{0}")]
     Cluster(String),
@@ -87,6 +95,10 @@ impl RedisOptions {
     pub fn from_url(url: &str) -> Result<Self, RedisUrlError> {
         if unencoded_userinfo(url) {
             return Err(RedisUrlError::UnencodedUserinfo);
+        }
+        let names = ["prefix", "durability", "protocol"];
+        if let Some(name) = idem_core::store::repeated_url_param(url, &names) {
+            return Err(RedisUrlError::Repeated(name));
         }
         let (rest, durability) = idem_core::store::take_url_param(url, "durability");
         let durability = match durability.as_deref() {
@@ -294,6 +306,7 @@ mod tests {
             "redis://u:s3#cret@h/",
             "redis+cluster://u:123?cret=x@127.0.0.1:7000,127.0.0.1:7001/?prefix=a",
             "redis+cluster://u:s3/cret@127.0.0.1:7000,127.0.0.1:7001/?prefix=a",
+            "redis://127.0.0.1:6379/?prefix=tri@l27&durability=volatile",
         ] {
             match RedisOptions::from_url(url) {
                 Err(e @ RedisUrlError::UnencodedUserinfo) => {
@@ -304,6 +317,26 @@ mod tests {
             }
         }
         assert!(RedisOptions::from_url("redis://u:s3%3Fcret@h/?prefix=a").is_ok());
+    }
+
+    #[test]
+    fn a_parameter_given_twice_is_refused() {
+        for (url, name) in [
+            ("redis://h/?prefix=a&prefix=b", "prefix"),
+            (
+                "redis://h/?durability=volatile&prefix=a&durability=required",
+                "durability",
+            ),
+            (
+                "redis+cluster://h:7000/?protocol=resp2&protocol=resp3",
+                "protocol",
+            ),
+        ] {
+            assert!(
+                matches!(RedisOptions::from_url(url), Err(RedisUrlError::Repeated(n)) if n == name),
+                "{url}"
+            );
+        }
     }
 
     #[test]

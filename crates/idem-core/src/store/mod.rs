@@ -226,3 +226,47 @@ pub fn take_url_param(url: &str, name: &str) -> (String, Option<String>) {
     };
     (url, value)
 }
+
+/// The first of `names` given more than once in a store URL's query. [`take_url_param`]
+/// keeps the last, so `?prefix=a&prefix=b` would quietly use `b`: the stores refuse it
+/// instead, as they refuse a misspelled name, since either could put one deployment's keys
+/// beside another's.
+pub fn repeated_url_param<'a>(url: &str, names: &[&'a str]) -> Option<&'a str> {
+    let (_, query) = url.split_once('?')?;
+    names.iter().copied().find(|name| {
+        query
+            .split('&')
+            .filter(|pair| pair.split_once('=').is_some_and(|(k, _)| k == *name))
+            .nth(1)
+            .is_some()
+    })
+}
+
+#[cfg(test)]
+mod url_param_tests {
+    use super::*;
+
+    #[test]
+    fn a_parameter_given_twice_is_found() {
+        let names = ["schema", "pooler"];
+        assert_eq!(
+            repeated_url_param("p://h/d?schema=a&x=1&schema=b", &names),
+            Some("schema")
+        );
+        assert_eq!(
+            repeated_url_param("p://h/d?schema=a&pooler=none", &names),
+            None
+        );
+        assert_eq!(
+            repeated_url_param("p://h/d?schemas=a&schema=b", &names),
+            None
+        );
+        assert_eq!(repeated_url_param("p://h/d", &names), None);
+        assert_eq!(
+            take_url_param("p://h/d?schema=a&schema=b", "schema")
+                .1
+                .as_deref(),
+            Some("b")
+        );
+    }
+}
