@@ -104,14 +104,6 @@ start_one_nginx proxy 'listen 127.0.0.1:18302;
 sleep 0.5
 
 TICK=$(getconf CLK_TCK)
-# CPU ticks (user + system) of some processes, all their threads, summed.
-ticks() { # PID...
-  local t=0 p
-  for p in "$@"; do
-    if [ -r "/proc/$p/stat" ]; then t=$((t + $(awk '{print $14 + $15}' "/proc/$p/stat" 2>/dev/null || echo 0))); fi
-  done
-  echo "$t"
-}
 # User and system CPU ticks of some processes, all their threads, summed: "USER SYSTEM".
 user_system() { # PID...
   local u=0 s=0 p pu ps
@@ -122,6 +114,12 @@ user_system() { # PID...
     fi
   done
   echo "$u $s"
+}
+# CPU ticks (user + system) of some processes, all their threads, summed.
+ticks() { # PID...
+  local u s
+  read -r u s < <(user_system "$@")
+  echo $((u + s))
 }
 # How often the threads of some processes were taken off a core while they could still run
 # (involuntary context switches, summed): on these 2 cores, mostly by a wrk thread that the
@@ -162,14 +160,14 @@ row() { # LABEL PORT SCRIPT PATH "PIDS" SERVER_PIDS THREADS_OF
   local label=$1 port=$2 script=$3 path=$4 pids=$5 server=$6 split_of=$7
   local c0 c1 s0=0 s1=0 spids="" out n rps p99 non2xx cpu scpu="" split="" us0 us1 k0 k1 kernel
   [ -n "$server" ] && spids=$($server)
-  c0=$(ticks $pids)
   us0=$(user_system $pids)
+  c0=$(awk '{print $1 + $2}' <<<"$us0")
   k0=$(preempted $pids)
   [ -n "$spids" ] && s0=$(ticks $spids)
   [ -n "$split_of" ] && threads "$split_of" >"$WORK/before"
   out=$(wrk -t2 -c$CONNS -d"${DURATION}s" --latency -s "$WORK/$script" "http://127.0.0.1:$port$path")
-  c1=$(ticks $pids)
   us1=$(user_system $pids)
+  c1=$(awk '{print $1 + $2}' <<<"$us1")
   k1=$(preempted $pids)
   [ -n "$spids" ] && s1=$(ticks $spids)
   n=$(awk '/requests in/ {print $1}' <<<"$out")

@@ -123,9 +123,7 @@ pub enum PgUrlError {
     PoolSize(String),
 }
 
-/// idem's own parameters in a PostgreSQL URL, as a refusal names them.
-const IDEM_PARAMETERS: &str = "schema=, pooler=, durability= and pool_size=";
-/// The same, by name.
+/// idem's own parameters in a PostgreSQL URL.
 const IDEM_NAMES: [&str; 4] = ["schema", "pooler", "durability", "pool_size"];
 
 /// What tokio-postgres's refusal of `url` can add to its bare "invalid connection string":
@@ -137,10 +135,10 @@ const IDEM_NAMES: [&str; 4] = ["schema", "pooler", "durability", "pool_size"];
 /// `key=value` string's tokens and a URL whose query holds an `@` (a raw `?` or `@` typed
 /// into the password, which tokio-postgres then reads partly as the query) or a
 /// `password=` (whose value a raw `&` would split into a second "option") get nothing.
-fn refusal_detail(url: &str, e: &tokio_postgres::Error) -> Option<String> {
+fn refusal_detail(url: &str, url_form: bool, e: &tokio_postgres::Error) -> Option<String> {
     use std::error::Error as _;
     let query = url.split_once('?').map_or("", |(_, query)| query);
-    if !is_url(url) || query.contains("password=") {
+    if !url_form || query.contains("password=") {
         return None;
     }
     if query.contains('@') {
@@ -158,8 +156,9 @@ fn refusal_detail(url: &str, e: &tokio_postgres::Error) -> Option<String> {
                 "{cause}: idem reads {name}= from the URL's query written plainly, not percent-encoded"
             )
         } else {
+            let [schema, pooler, durability, pool_size] = IDEM_NAMES;
             format!(
-                "{cause}; idem takes {IDEM_PARAMETERS}, and the rest as libpq's connection parameters"
+                "{cause}; idem takes {schema}=, {pooler}=, {durability}= and {pool_size}=, and the rest as libpq's connection parameters"
             )
         });
     }
@@ -238,7 +237,7 @@ impl PgOptions {
             return Err(PgUrlError::Schema(schema));
         }
         let mut config: tokio_postgres::Config = rest.parse().map_err(|error| {
-            let detail = refusal_detail(&rest, &error);
+            let detail = refusal_detail(&rest, url_form, &error);
             PgUrlError::Config { error, detail }
         })?;
         if config.get_connect_timeout().is_none() {
