@@ -12,9 +12,15 @@
 // would have. The handler's response is buffered (up to max_response_bytes) and sent once
 // stored. Store calls run off the event loop. A response Express makes of a thrown error (its
 // 500 page) is a response, and is kept; a response that never completes (the process dies)
-// leaves the key abandoned, never released.
-import { openFront, fromNodeHeaders, joinRaw, nodeHeaders, bodyRefusal, begin, finish, readNodeBody } from "./http.js";
+// leaves the key abandoned, never released; one whose client left is waited for for the
+// route's lease, then marked unknown (watchClose).
+//
+// Mounted under a path (app.use("/api", idempotency(...)), a Router), its routes are matched
+// below the mount, as Express routes there.
+import { ServerResponse } from "node:http";
+
 import { ConfigurationError } from "./errors.js";
+import { openFront, fromNodeHeaders, joinRaw, nodeHeaders, bodyRefusal, begin, finish, readNodeBody, watchClose } from "./http.js";
 
 /** Resolves to the middleware; rejects at once on a bad setting or a store that cannot be opened. */
 export async function idempotency(options = {}) {
@@ -25,7 +31,14 @@ export async function idempotency(options = {}) {
 }
 
 async function handle(front, req, res, next) {
-  const admission = front.admit(req.method, req.originalUrl ?? req.url, joinRaw(req.rawHeaders));
+  // Under a mount (app.use("/api", ...), a Router's use), Express routes what follows the
+  // mount (req.url), and so do the routes here, as Express's users write paths there; the
+  // fingerprint covers the whole target (req.originalUrl), so one key sent under two mounts
+  // is two requests.
+  const whole = req.originalUrl ?? req.url;
+  const mounted = req.baseUrl ? req.url : undefined;
+  if (mounted !== undefined) announceMount(req.baseUrl);
+  const admission = front.admit(req.method, whole, joinRaw(req.rawHeaders), mounted);
   if (admission.kind === "pass") return next();
   if (admission.kind === "reply") return send(res, admission.reply);
   if (req._body || req.readableEnded) {
@@ -47,15 +60,33 @@ const held = Symbol("idem.held");
 
 /**
  * Holds the handler's response: nothing reaches the socket until it is stored. `writeHead`,
- * `write` and `end` are taken over, on the response's prototype (Express's per-app
- * `app.response`), once: a response marked `held` buffers, any other goes on as before.
+ * `write` and `end` are taken over, on the responses' shared prototype, once: a response
+ * marked `held` buffers, any other goes on as before.
  * Overriding them on each response object instead gave every response a shape of its own,
  * and the property lookups of Node's and Express's code on it went megamorphic: a new key
  * cost twice the bare handler's CPU, nearly all of it in V8's inline-cache misses.
  */
 function capture(res, begun) {
-  patch(Object.getPrototypeOf(res));
-  res[held] = { begun, chunks: [], size: 0, tooLarge: false, limit: begun.maxResponse };
+  // Node's ServerResponse.prototype, the base of every app's `app.response`: a sub-app mounted
+  // with app.use("/api", sub) sets its own prototype on the response and gives the parent's
+  // back when it hands an error on, so a patch on one app's prototype missed the parent's
+  // error page (a key then in flight for ever). Express's prototypes do not define these.
+  patch(ServerResponse.prototype);
+  res[held] = { begun, chunks: [], size: 0, tooLarge: false, limit: begun.maxResponse, settle: watchClose(res, begun) };
+}
+
+/** The mounts this process has said it protects below, once each (see `announceMount`). */
+const announced = new Set();
+
+/**
+ * Says once, on stderr, where a mounted middleware's routes are matched: relative to the mount,
+ * as Express routes there, so `[[routes]] path = "/v1/charges"` under `app.use("/api", ...)`
+ * protects `/api/v1/charges`. Express tells a middleware its mount only on a request.
+ */
+function announceMount(base) {
+  if (announced.has(base)) return;
+  announced.add(base);
+  console.error(`idem-runtime: mounted at ${base}: its routes are matched below it (a route /v1/charges protects ${base}/v1/charges)`);
 }
 
 function patch(proto) {
@@ -86,6 +117,8 @@ function patch(proto) {
     if (!h) return end.apply(this, arguments);
     add(h, chunk, encoding);
     this[held] = null;
+    // The client left and the lease ran out: the execution was settled as unknown.
+    if (!h.settle()) return end.call(this);
     const done = typeof chunk === "function" ? chunk : typeof encoding === "function" ? encoding : cb;
     const body = h.chunks.length === 1 ? h.chunks[0] : Buffer.concat(h.chunks);
     const kept = h.tooLarge

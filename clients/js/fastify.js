@@ -10,10 +10,13 @@
 // The plugin applies to the whole instance (it is not encapsulated). onRequest admits the
 // request; preParsing buffers a keyed body, claims its key and hands Fastify's parser the
 // same bytes; onSend keeps the handler's response (Fastify's own error responses included:
-// they are responses) and sends what the core says. Store calls run off the event loop.
+// they are responses) and sends what the core says. Store calls run off the event loop. A
+// response whose client left before it was complete is waited for for the route's lease,
+// then marked unknown (watchClose). Routes are matched on the whole path (request.raw.url),
+// as Fastify writes a prefixed plugin's routes: `/api/v1/charges` under `prefix: "/api"`.
 import { Readable } from "node:stream";
 
-import { openFront, fromNodeHeaders, joinRaw, pairsOf, readStream, bodyRefusal, begin, finish } from "./http.js";
+import { openFront, fromNodeHeaders, joinRaw, pairsOf, readStream, bodyRefusal, begin, finish, watchClose } from "./http.js";
 
 const state = Symbol("idem");
 
@@ -38,6 +41,7 @@ export async function idempotency(fastify, options = {}) {
     const begun = await begin(admission, outcome.body);
     if (begun.reply) return answer(request, reply, begun.reply);
     s.begun = begun;
+    s.settle = watchClose(reply.raw, begun);
     const again = Readable.from(outcome.body.length > 0 ? [outcome.body] : []);
     again.receivedEncodedLength = outcome.body.length;
     return again;
@@ -48,6 +52,8 @@ export async function idempotency(fastify, options = {}) {
     const begun = s.begun;
     s.begun = null;
     const body = await bytesOf(payload, begun.maxResponse);
+    // The client left and the lease ran out: the execution was settled as unknown.
+    if (!s.settle()) return payload;
     const kept = body
       ? await finish(begun, reply.statusCode, fromNodeHeaders(reply.getHeaders()), body)
       : await begun.execution.failed();

@@ -12,7 +12,9 @@
 // `c.env.incoming`), else the URL's path and query. A keyed request's body is buffered and the
 // handler gets a Request with the same bytes; its Response is buffered, kept, and replaced by
 // what the core says. Hono's own error responses (onError, its 500) are responses, and kept.
-import { openFront, joinHeaders, joinRaw, pairsOf, bodyRefusal, begin, finish, readNodeBody } from "./http.js";
+// Routes are matched on the whole path, as Hono writes a sub-app's routes (app.route("/api",
+// sub): `/api/v1/charges`).
+import { openFront, joinHeaders, joinRaw, pairsOf, bodyRefusal, begin, finish, readNodeBody, watchClose } from "./http.js";
 
 /** Resolves to the middleware; rejects at once on a bad setting or a store that cannot be opened. */
 export async function idempotency(options = {}) {
@@ -44,6 +46,9 @@ export async function idempotency(options = {}) {
     const body = Buffer.isBuffer(outcome.body) ? outcome.body : Buffer.from(outcome.body);
     const begun = await begin(admission, body);
     if (begun.reply) return response(begun.reply);
+    // On @hono/node-server, a response whose client left before it was complete is waited
+    // for for the route's lease, then marked unknown (watchClose).
+    const settle = c.env?.outgoing ? watchClose(c.env.outgoing, begun) : () => true;
     if (incoming) {
       incoming.rawBody = body;
     } else {
@@ -66,6 +71,8 @@ export async function idempotency(options = {}) {
         : res.body
           ? await readBody(res.body, limit, 0)
           : { body: new Uint8Array(0) };
+    // The client left and the lease ran out: the execution was settled as unknown.
+    if (!settle()) return;
     const kept = read.body
       ? await finish(begun, res.status, joinHeaders(res.headers), Buffer.from(read.body.buffer, read.body.byteOffset, read.body.length))
       : await begun.execution.failed();

@@ -4,7 +4,7 @@
 // request and response in and out (design §3).
 import { readFileSync } from "node:fs";
 
-import { fromNative } from "./errors.js";
+import { ConfigurationError, fromNative } from "./errors.js";
 import { native } from "./native.js";
 
 /**
@@ -19,7 +19,11 @@ export async function openFront(options = {}) {
   const { config, store, ...settings } = options;
   let file = null;
   if (config !== undefined && config !== null) {
-    file = readFileSync(config, "utf8");
+    try {
+      file = readFileSync(config, "utf8");
+    } catch (e) {
+      throw new ConfigurationError(`the config file ${JSON.stringify(String(config))} cannot be read: ${e.code ?? e.message}`);
+    }
   }
   const given = Object.keys(settings).length > 0 ? JSON.stringify(snake(settings)) : null;
   let native_;
@@ -184,4 +188,34 @@ export function readNodeBody(req, max, ms, { putBack = true } = {}) {
     req.once("error", onGone);
     req.once("aborted", onGone);
   });
+}
+
+/**
+ * Watches a held response's connection (`res`: Node's ServerResponse): when it closes before
+ * the handler completed the response (the client left), the handler is still given the
+ * route's lease to complete it (a retry then gets it replayed); past that the execution is
+ * settled as unknown, so a response that never completes (an event stream whose client left)
+ * does not keep its key in flight for as long as the process lives. Returns `settle()`, true
+ * for the first caller only: the adapter calls it before it finishes the execution, and
+ * leaves the execution alone when it answers false.
+ */
+export function watchClose(res, begun) {
+  let settled = false;
+  let timer = null;
+  const settle = () => {
+    if (settled) return false;
+    settled = true;
+    clearTimeout(timer);
+    res.removeListener("close", onClose);
+    return true;
+  };
+  const onClose = () => {
+    if (settled) return;
+    timer = setTimeout(() => {
+      if (settle()) Promise.resolve(begun.execution.unknown()).catch(() => {});
+    }, begun.leaseMs);
+    timer.unref?.();
+  };
+  res.once("close", onClose);
+  return settle;
 }

@@ -79,12 +79,15 @@ class Service:
     #: What the front end's framework does with a handler's exception.
     raises: str = ""
     cut: Optional[Callable[[bool], None]] = None
+    #: The path the service is mounted under (Express under ``app.use("/api", ...)``): every
+    #: request's path is below it.
+    prefix: str = ""
 
     def request(self, method: str, path: str, headers: Optional[dict] = None, body: bytes = b"", timeout: float = 30) -> Reply:
         u = urlsplit(self.base)
         c = http.client.HTTPConnection(u.hostname, u.port, timeout=timeout)
         try:
-            c.putrequest(method, path, skip_accept_encoding=True)
+            c.putrequest(method, self.prefix + path, skip_accept_encoding=True)
             for n, v in (headers or {}).items():
                 for one in v if isinstance(v, list) else [v]:
                     c.putheader(n, one)
@@ -379,7 +382,7 @@ def request_spellings(svc: Service):
     body = b'{"customer":"cus_1"}'
     notes = set()
     for method, target in [("post", "/v1/charges"), ("POST", "/v1/../v1/charges"), ("POST", "/v1/%2e%2e/v1/charges")]:
-        head = f"{method} {target} HTTP/1.1\r\nHost: t\r\nauthorization: Bearer a\r\ncontent-type: application/json\r\ncontent-length: {len(body)}\r\nconnection: close\r\n\r\n"
+        head = f"{method} {svc.prefix}{target} HTTP/1.1\r\nHost: t\r\nauthorization: Bearer a\r\ncontent-type: application/json\r\ncontent-length: {len(body)}\r\nconnection: close\r\n\r\n"
         out = svc.raw(head.encode() + body)
         status = out.split(b" ", 2)[1].decode() if out.startswith(b"HTTP/1.") else "?"
         # 400 from idem (or from the server's parser). A router that runs before middleware
@@ -394,6 +397,170 @@ def request_spellings(svc: Service):
         assert r.status == 400 and r.problem() == "key-missing" or r.status == 404, f"{target}: {r!r}"
     delta(0)
     return "; ".join(sorted(notes))
+
+
+def _raw_status(out: bytes) -> str:
+    return out.split(b" ", 2)[1].decode() if out.startswith(b"HTTP/1.") else "?"
+
+
+def _raw_post(svc: Service, target: str, body: bytes, extra: str = "") -> bytes:
+    head = (f"POST {target} HTTP/1.1\r\nHost: t\r\nauthorization: Bearer agent-1\r\n"
+            f"content-type: application/json\r\ncontent-length: {len(body)}\r\n{extra}connection: close\r\n\r\n")
+    return svc.raw(head.encode() + body)
+
+
+def target_forms(svc: Service):
+    """Items 1 and 2 of issue 59: the absolute form (any scheme, userinfo, a port) and a
+    fragment are reduced to the path the server routes, so the keyed route needs its key;
+    keyed, the absolute form is the same request as the path (one intent, one key). Raw
+    sockets: a client library would rewrite these targets."""
+    delta = counted(svc)
+    body = b'{"customer":"cus_1"}'
+    charges = f"{svc.prefix}/v1/charges"
+    spellings = [f"http://127.0.0.1{charges}", f"http://127.0.0.1:80{charges}", f"HTTP://x{charges}",
+                 f"https://x{charges}", f"ftp://x{charges}", f"x://y{charges}", f"http://u:p@x{charges}",
+                 f"http://x/{charges}", f"{charges}#x", f"{charges}#", f"{charges}#?", f"{charges}/#x"]
+    for target in spellings:
+        out = _raw_post(svc, target, body)
+        # 400 (key-missing from idem, or the server's own parser refusing the target) or 404:
+        # refused either way, and the count below shows nothing ran.
+        assert _raw_status(out) in ("400", "404"), f"{target}: {out[:300]!r}"
+    delta(0)
+    k = key()
+    first = _raw_post(svc, f"http://127.0.0.1{charges}", body, f"idempotency-key: {k}\r\n")
+    status = _raw_status(first)
+    assert status in ("201", "404"), first[:300]
+    again = svc.charge(k, raw=body)
+    if status == "404" and again.status == 201 and not again.replayed():
+        # A router that runs before middleware (Litestar's) answered 404 where idem never saw
+        # the request: nothing was kept, and the path runs once.
+        delta(1)
+        return "the router answers the absolute form 404 before any middleware"
+    assert again.replayed() and str(again.status) == status, f"the absolute form and the path are one request: {again!r}"
+    delta(1 if status == "201" else 0)
+    # uvicorn's h11 parser (without httptools) takes the absolute form for a path and finds
+    # no route: its 404 is the response kept.
+    return "" if status == "201" else "the server does not route the absolute form: 404, kept"
+
+
+def empty_credentials(svc: Service):
+    """Item 5: an empty credential, or a bare scheme with no token, names no caller."""
+    delta = counted(svc)
+    for caller in [{"authorization": ""}, {"authorization": "Bearer"}, {"authorization": "Basic "},
+                   {"x-api-key": ""}, {"authorization": "", "x-api-key": ""}]:
+        is_problem(svc.charge(key(), caller=caller), "principal-missing", 400)
+    delta(0)
+
+
+def short_body(svc: Service):
+    """Item 6: a body shorter than its Content-Length (the client half-closed) runs nothing,
+    and the key stays free: the full retry runs once."""
+    delta, k = counted(svc), key()
+    body = b'{"customer":"cus_1","amount_cents":4900}'
+    u = urlsplit(svc.base)
+    head = (f"POST {svc.prefix}/v1/charges HTTP/1.1\r\nHost: t\r\nauthorization: Bearer agent-1\r\n"
+            f"content-type: application/json\r\nidempotency-key: {k}\r\ncontent-length: {len(body)}\r\n\r\n")
+    with socket.create_connection((u.hostname, u.port), timeout=10) as s:
+        s.sendall(head.encode() + body[:10])
+        s.shutdown(socket.SHUT_WR)
+        out = b""
+        try:
+            while chunk := s.recv(65536):
+                out += chunk
+        except OSError:
+            pass
+    # 400 body-unreadable, or the connection closed unanswered: the client is gone either way.
+    assert out == b"" or _raw_status(out) == "400", out[:300]
+    delta(0)
+    full = svc.charge(k, raw=body)
+    assert full.status == 201 and not full.replayed(), f"the key stayed free: {full!r}"
+    delta(1)
+
+
+def body_trickle(svc: Service):
+    """Item 7: a body trickled past ``[timeouts] body_read`` (5 s here): 408 body-timeout,
+    nothing runs."""
+    delta = counted(svc)
+    body = b'{"customer":"cus_1","amount_cents":4900,"pad":"' + b"x" * 40 + b'"}'
+    u = urlsplit(svc.base)
+    head = (f"POST {svc.prefix}/v1/charges HTTP/1.1\r\nHost: t\r\nauthorization: Bearer agent-1\r\n"
+            f"content-type: application/json\r\nidempotency-key: {key()}\r\ncontent-length: {len(body)}\r\nconnection: close\r\n\r\n")
+    out = b""
+    with socket.create_connection((u.hostname, u.port), timeout=15) as s:
+        s.sendall(head.encode())
+        started = time.monotonic()
+        try:
+            for i in range(len(body)):  # a byte every 0.25 s: 23 s for the whole body
+                s.sendall(body[i:i + 1])
+                s.settimeout(0.25)
+                try:
+                    got = s.recv(65536)
+                except socket.timeout:
+                    continue
+                out += got
+                break
+            s.settimeout(10)
+            while chunk := s.recv(65536):
+                out += chunk
+        except OSError:
+            pass
+        elapsed = time.monotonic() - started
+    assert _raw_status(out) == "408", f"after {elapsed:.1f} s: {out[:300]!r}"
+    delta(0)
+    return f"408 after {elapsed:.1f} s"
+
+
+def gzip_again(svc: Service):
+    """Item 9: the same JSON compressed again (gzip stamps its time) is the same request."""
+    import gzip
+    delta, k = counted(svc), key()
+    data = json.dumps({"customer": "cus_1", "amount_cents": 4900}).encode()
+    h = {"content-encoding": "gzip"}
+    first = svc.charge(k, raw=gzip.compress(data, mtime=1), headers=h)
+    assert first.status in (201, 400, 415), first
+    again = svc.charge(k, raw=gzip.compress(data, mtime=2), headers=h)
+    assert again.replayed() and again.body == first.body, f"a re-compressed retry is the same request: {again!r}"
+    # Another body compressed is another request.
+    other = svc.charge(k, raw=gzip.compress(b'{"customer":"cus_2"}', mtime=1), headers=h)
+    is_problem(other, "key-reused", 422)
+    delta(1 if first.status == 201 else 0)
+    return "" if first.status == 201 else f"the framework answers a gzip body {first.status}"
+
+
+def after_response(svc: Service):
+    """Item 3: work the framework runs after the response (a background task that sleeps 3 s,
+    then raises) neither delays the response nor changes it: it arrives at once, and the
+    retry replays it."""
+    delta, k = counted(svc), key()
+    work = {"customer": "cus_1", "amount_cents": 1, "simulate": "after", "delay_ms": 3000}
+    started = time.monotonic()
+    first = svc.charge(k, work)
+    elapsed = time.monotonic() - started
+    assert first.status == 201, first
+    # Not a timing bound on speed: the response must not wait for the 3 s of work after it.
+    assert elapsed < 2.5, f"the response waited {elapsed:.1f} s for the work after it"
+    again = svc.charge(k, work)
+    assert again.replayed() and again.status == 201 and again.body == first.body, again
+    delta(1)
+
+
+def endless_response(svc: Service):
+    """Item 8: a keyed response that never ends (an event stream) whose client leaves: after
+    the lease (2 s here) the key reads as an unknown outcome, not in flight for ever."""
+    delta, k = counted(svc), key()
+    stream = {"customer": "cus_1", "simulate": "stream"}
+    try:
+        svc.charge(k, stream, timeout=1)
+    except (OSError, http.client.HTTPException):
+        pass
+    until(lambda: delta_is(svc, delta, 1), "the stream to charge")
+
+    def settled() -> bool:
+        r = svc.charge(k, stream, timeout=5)
+        return r.status == 409 and r.problem() == "outcome-unknown"
+
+    until(settled, "the abandoned stream to settle as outcome-unknown", 15)
+    delta(1)
 
 
 def crash(svc: Service):
@@ -458,6 +625,9 @@ class Case:
     run: Callable[[Service], Optional[str]]
     summary: str
     variant: str = "default"
+    #: The front ends whose example service has what the case needs (an event stream);
+    #: empty: every front end.
+    only: Tuple[str, ...] = ()
 
 
 CASES: List[Case] = [
@@ -478,6 +648,13 @@ CASES: List[Case] = [
     Case("status-policy", kept_and_released_statuses, "a 5xx is kept and replayed; a 429 releases the key"),
     Case("large-response", large_response, "a response over the stored bound: whole once, then 409 response-too-large"),
     Case("spellings", request_spellings, "a lower-case method or a dot segment: 400; other spellings of the keyed route need its key"),
+    Case("target-forms", target_forms, "the absolute form (any scheme, userinfo) and a #fragment are the path the server routes: the keyed route needs its key"),
+    Case("empty-credentials", empty_credentials, "an empty credential or a bare auth scheme names no caller: 400 principal-missing"),
+    Case("short-body", short_body, "a body shorter than its Content-Length: nothing runs, the key stays free"),
+    Case("body-trickle", body_trickle, "a body trickled past [timeouts] body_read: 408 body-timeout, nothing runs"),
+    Case("gzip-again", gzip_again, "the same JSON gzipped again (another mtime) replays; another body is key-reused"),
+    Case("after-response", after_response, "work after the response (a background task that sleeps, then raises): the response arrives at once and replays"),
+    Case("endless-response", endless_response, "a response that never ends, its client gone: outcome-unknown after the lease, not in flight for ever", only=("express", "express4", "express-mounted", "fastify", "hono")),
     Case("crash", crash, "SIGKILL mid-request: abandoned (idem inspect), the retry gets outcome-unknown"),
     Case("store-down", store_unavailable, "the store cut off: 503 store-unavailable, nothing runs", "relay"),
     Case("stripe-envelope", stripe_envelope, "[problems] format = stripe: Stripe's envelope and statuses", "stripe"),

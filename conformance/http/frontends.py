@@ -40,25 +40,29 @@ def free_port() -> int:
 
 
 def ready(port: int, proc: subprocess.Popen, what: str, seconds: float = 60) -> None:
+    _ready(port, proc, what, "", seconds)
+
+
+def _ready(port: int, proc: subprocess.Popen, what: str, prefix: str, seconds: float = 60) -> None:
     """:func:`wait_for`, killing ``proc`` (its whole group) if it does not come up, so a
     failed start leaves nothing running."""
     try:
-        wait_for(port, proc, what, seconds)
+        wait_for(port, proc, what, seconds, prefix)
     except BaseException:
         _kill(proc)
         raise
 
 
-def wait_for(port: int, proc: subprocess.Popen, what: str, seconds: float = 60) -> None:
-    """Until the service answers ``GET /v1/charges``: a listening socket is not enough (a
-    gunicorn master listens before its worker has imported the app)."""
+def wait_for(port: int, proc: subprocess.Popen, what: str, seconds: float = 60, prefix: str = "") -> None:
+    """Until the service answers ``GET /v1/charges`` (below ``prefix``): a listening socket
+    is not enough (a gunicorn master listens before its worker has imported the app)."""
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             raise RuntimeError(f"{what} exited with {proc.returncode} before answering")
         c = http.client.HTTPConnection("127.0.0.1", port, timeout=2)
         try:
-            c.request("GET", "/v1/charges")
+            c.request("GET", prefix + "/v1/charges")
             if c.getresponse().status == 200:
                 return
         except (OSError, http.client.HTTPException):
@@ -113,11 +117,14 @@ class Frontend:
     env: Dict[str, str] = field(default_factory=dict)
     #: What this front end's framework does with a handler's exception (the suite reports it).
     raises: str = ""
+    #: The path the service is mounted under ($MOUNT): every request goes below it.
+    prefix: str = ""
 
     def start(self, config: pathlib.Path, store: str, ledger: pathlib.Path, log: pathlib.Path) -> Running:
         env = {**os.environ, **self.env, "LEDGER": str(ledger), "IDEM_STORE": store, "PYTHONUNBUFFERED": "1"}
         out = open(log, "ab")
         port = free_port()
+        ready = lambda p, proc, what: _ready(p, proc, what, self.prefix)  # noqa: E731
         try:
             if not self.gateway:
                 proc = self._spawn(self.argv, {**env, "PORT": str(port), "IDEM_CONFIG": str(config)}, out, port)
@@ -145,6 +152,7 @@ class Frontend:
         same service)."""
         port = int(running.base.rsplit(":", 1)[1])
         env = {**os.environ, **self.env, "LEDGER": str(ledger), "IDEM_STORE": store, "PYTHONUNBUFFERED": "1"}
+        ready = lambda p, proc, what: _ready(p, proc, what, self.prefix)  # noqa: E731
         with open(log, "ab") as out:
             if self.gateway:
                 running.front = self.start_gateway(config, store, port, running.behind_port, env, out)
@@ -186,6 +194,10 @@ def frontends() -> List[Frontend]:
                  raises="Django makes the exception its 500 page, kept"),
         Frontend("express", "Express 5", node + ["express_app.mjs"], NODE_SERVICES,
                  raises="Express makes the error its 500 page, kept"),
+        # Mounted: app.use("/api", service) with the middleware inside the service, as a Router
+        # at /api would have it; the routes (/v1/charges) are matched below the mount.
+        Frontend("express-mounted", "Express 5 under app.use(\"/api\")", node + ["express_app.mjs"], NODE_SERVICES,
+                 env={"MOUNT": "/api"}, prefix="/api", raises="Express makes the error its 500 page, kept"),
         Frontend("express4", "Express 4", node + ["express_app.mjs"], NODE_SERVICES, env={"EXPRESS": "express4"},
                  raises="Express makes the error its 500 page, kept"),
         Frontend("fastify", "Fastify 5", node + ["fastify_app.mjs"], NODE_SERVICES,

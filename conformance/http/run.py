@@ -118,6 +118,9 @@ def run_frontend(fe: frontends.Frontend, selected: List[cases.Case], work: pathl
     results: Dict[str, Tuple[str, str]] = {}
     by_variant: Dict[str, List[cases.Case]] = {}
     for c in selected:
+        if c.only and fe.name not in c.only:
+            results[c.name] = ("n/a", "")
+            continue
         by_variant.setdefault(c.variant, []).append(c)
     for variant, group in by_variant.items():
         d = work / fe.name / variant
@@ -154,6 +157,7 @@ def run_frontend(fe: frontends.Frontend, selected: List[cases.Case], work: pathl
         svc = cases.Service(
             base=running.base, name=fe.name, count=count, crash_and_restart=crash_and_restart,
             store=store, inspect=inspector(store), raises=fe.raises, cut=relay.cut if relay else None,
+            prefix=fe.prefix,
         )
         try:
             for c in group:
@@ -229,7 +233,7 @@ def main() -> int:
     print(text)
     if args.markdown:
         args.markdown.write_text(text + "\n")
-    failed = [(f, c) for f, rs in results.items() for c, (v, _) in rs.items() if v != "pass"]
+    failed = [(f, c) for f, rs in results.items() for c, (v, _) in rs.items() if v not in ("pass", "n/a")]
     if failed:
         print(f"\n{len(failed)} failed: {failed}", file=sys.stderr)
         return 1

@@ -167,15 +167,22 @@ impl HttpFront {
 
     /// What a request gets before its body is read (no I/O: on the event loop), as a plain
     /// object, so the adapter reads every field without a further call into the module.
+    /// `routed`: the target the framework routes below a mount it strips (Express's
+    /// `req.url` under `app.use("/api", ...)`), when it differs from `target`
+    /// (`HttpFront::admit_routed`).
     #[napi]
     pub fn admit(
         &self,
         method: String,
         target: String,
         headers: String,
+        routed: Option<String>,
     ) -> napi::Result<Admission> {
         Ok(
-            match self.inner.admit(&method, &target, &pairs(&headers)?) {
+            match self
+                .inner
+                .admit_routed(&method, &target, routed.as_deref(), &pairs(&headers)?)
+            {
                 Admitted::Pass => Admission {
                     kind: "pass".into(),
                     ..Admission::default()
@@ -328,6 +335,9 @@ pub struct Begun {
     pub max_response: f64,
     /// Whether `execution.finishNow` may be called (a `memory:` store).
     pub inline: bool,
+    /// The route's lease in milliseconds: how long a response whose client left before it
+    /// was complete is still waited for before `execution.unknown` (`HttpExecution::lease`).
+    pub lease_ms: f64,
 }
 
 impl Begun {
@@ -338,6 +348,7 @@ impl Begun {
                 #[allow(clippy::cast_precision_loss)]
                 max_response: e.max_response() as f64,
                 inline: e.inline(),
+                lease_ms: e.lease().as_secs_f64() * 1000.0,
                 execution: Some(HttpExecution {
                     execution: Mutex::new(Some(e)),
                     lane,

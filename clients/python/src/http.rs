@@ -67,18 +67,24 @@ impl Front {
     }
 
     /// `None` (hand the request on), a reply to send, or a `HttpKeyed` (buffer the body).
+    /// `routed`: the target the framework routes below a mount it strips, when it differs
+    /// from `target` (`HttpFront::admit_routed`).
+    #[pyo3(signature = (method, target, headers, routed=None))]
     fn admit<'py>(
         &self,
         py: Python<'py>,
         method: &str,
         target: &str,
         headers: Vec<(String, Vec<u8>)>,
+        routed: Option<&str>,
     ) -> PyResult<Option<Bound<'py, PyAny>>> {
-        Ok(match self.0.admit(method, target, &headers) {
-            Admitted::Pass => None,
-            Admitted::Reply(r) => Some(reply(py, r).into_pyobject(py)?.into_any()),
-            Admitted::Keyed(k) => Some(Bound::new(py, HttpKeyed(k))?.into_any()),
-        })
+        Ok(
+            match self.0.admit_routed(method, target, routed, &headers) {
+                Admitted::Pass => None,
+                Admitted::Reply(r) => Some(reply(py, r).into_pyobject(py)?.into_any()),
+                Admitted::Keyed(k) => Some(Bound::new(py, HttpKeyed(k))?.into_any()),
+            },
+        )
     }
 
     /// The refusal of a body that could not be buffered: `kind` is `too_large`, `unreadable`

@@ -110,7 +110,8 @@ impl Scope {
     }
 }
 
-/// Each value of header `name` as two parts: the name and the value.
+/// Each value of header `name` that names someone ([`names_no_one`]) as two parts: the name
+/// and the value.
 fn header_parts<'a>(
     headers: &'a HeaderMap,
     name: &'a HeaderName,
@@ -118,8 +119,53 @@ fn header_parts<'a>(
     headers
         .get_all(name)
         .iter()
+        .filter(move |v| !names_no_one(name, v.as_bytes()))
         .flat_map(move |v| [name.as_str().as_bytes(), v.as_bytes()])
 }
+
+/// Whether a credential header's value names no caller: empty (or white space), or, in
+/// `Authorization` and `Proxy-Authorization`, an authentication scheme with no credentials
+/// after it (`Bearer`). Every visitor can send these alike, so counting them as a caller
+/// would put strangers in one scope, where one's replay (with its `Set-Cookie`) reaches the
+/// other; they count as not sent, so `anonymous = "refuse"` refuses them and `"allow"` keeps
+/// them in the anonymous scope, which withholds per-caller headers.
+fn names_no_one(name: &HeaderName, value: &[u8]) -> bool {
+    let value = value.trim_ascii();
+    if value.is_empty() {
+        return true;
+    }
+    let credentials = *name == header::AUTHORIZATION || *name == header::PROXY_AUTHORIZATION;
+    credentials
+        && AUTH_SCHEMES
+            .iter()
+            .any(|s| value.eq_ignore_ascii_case(s.as_bytes()))
+}
+
+/// Authentication schemes (IANA's registry, and the unregistered ones APIs use), which
+/// alone, with no token, name no one. A lone value that is no scheme (`sk_live_...`, as some
+/// APIs take their key) is a credential.
+const AUTH_SCHEMES: [&str; 20] = [
+    "basic",
+    "bearer",
+    "concealed",
+    "digest",
+    "dpop",
+    "gnap",
+    "hoba",
+    "mutual",
+    "negotiate",
+    "oauth",
+    "privatetoken",
+    "scram-sha-1",
+    "scram-sha-256",
+    "vapid",
+    "token",
+    "apikey",
+    "api-key",
+    "key",
+    "ntlm",
+    "aws4-hmac-sha256",
+];
 
 /// The scope of these parts, or `None` when there are none (no principal).
 fn principal_of(parts: Vec<&[u8]>) -> Option<Scope> {
@@ -419,6 +465,44 @@ mod tests {
         assert_eq!(
             s.principal(&bearer),
             Some(Scope::from_headers(&bearer, &[header::AUTHORIZATION]))
+        );
+    }
+
+    #[test]
+    fn an_empty_credential_or_a_bare_scheme_names_no_one() {
+        let s = ScopeHeaders::default();
+        for nobody in [
+            &[("authorization", "")][..],
+            &[("authorization", "   ")],
+            &[("authorization", "Bearer")],
+            &[("authorization", "bearer ")],
+            &[("authorization", "Basic")],
+            &[("proxy-authorization", "Negotiate")],
+            &[("x-api-key", "")],
+            &[("api-key", " ")],
+            &[("cookie", ";")],
+            &[("authorization", "Bearer"), ("x-api-key", "")],
+        ] {
+            assert_eq!(s.principal(&headers(nobody)), None, "{nobody:?}");
+        }
+        // A lone value that is no scheme is a key (some APIs take it so), and a credential
+        // beside an empty one names its caller as it does alone.
+        let key = s.principal(&headers(&[("authorization", "sk_live_1")]));
+        assert!(key.is_some());
+        assert_ne!(
+            key,
+            s.principal(&headers(&[("authorization", "sk_live_2")]))
+        );
+        assert_eq!(
+            s.principal(&headers(&[
+                ("authorization", "Bearer a"),
+                ("x-api-key", "")
+            ])),
+            s.principal(&headers(&[("authorization", "Bearer a")])),
+        );
+        assert_eq!(
+            Scope::from_headers(&headers(&[("authorization", "Bearer")]), s.headers()),
+            Scope::anonymous()
         );
     }
 

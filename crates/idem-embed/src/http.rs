@@ -99,8 +99,10 @@ pub struct Keyed {
     keyed: idem_http::Keyed,
     method: Method,
     target: String,
-    /// The media type, which the fingerprint covers (the only header it does).
+    /// The media type, which the fingerprint covers.
     content_type: Option<String>,
+    /// The `Content-Encoding`, which the fingerprint undoes ([`idem_http::encoding`]).
+    content_encoding: Option<String>,
     /// The most of its body to buffer.
     pub max_body: usize,
     /// Whether its route waits for a duplicate in flight, so [`HttpFront::begin`] may block
@@ -144,6 +146,8 @@ pub struct HttpExecution {
     anonymous: bool,
     /// See [`HttpExecution::inline`].
     inline: bool,
+    /// See [`HttpExecution::lease`].
+    lease: std::time::Duration,
 }
 
 /// The configuration of `file` (the text of the TOML file `idem serve` reads; `None`: every
@@ -203,10 +207,27 @@ impl HttpFront {
         self.front.config()
     }
 
-    /// What a request gets before its body is read: `target` is the path with the query as
-    /// the client sent it (percent-escapes included), `headers` as received. A method or a
-    /// header that is not HTTP is refused (`request-invalid`), never guessed at.
+    /// What a request gets before its body is read: `target` is the request target as the
+    /// client sent it (percent-escapes included; the absolute form and a fragment are
+    /// reduced here to the path the framework routes, [`idem_http::origin_form`]), `headers`
+    /// as received. A method, a header or a target that is not HTTP is refused
+    /// (`request-invalid`), never guessed at.
     pub fn admit(&self, method: &str, target: &str, headers: &[(String, Vec<u8>)]) -> Admitted {
+        self.admit_routed(method, target, None, headers)
+    }
+
+    /// As [`HttpFront::admit`], for a middleware mounted under a path its framework strips
+    /// before routing (Express's `app.use("/api", ...)`): `routed` is the target the framework
+    /// routes below the mount (Express's `req.url`), which the routes are matched on, while
+    /// the fingerprint covers the whole `target` (`req.originalUrl`), so one key sent to two
+    /// mounts is two requests, never a replay of the other's.
+    pub fn admit_routed(
+        &self,
+        method: &str,
+        target: &str,
+        routed: Option<&str>,
+        headers: &[(String, Vec<u8>)],
+    ) -> Admitted {
         let method = match Method::from_bytes(method.as_bytes()) {
             Ok(m) => m,
             Err(_) => return self.invalid(format!("The method {method:?} is not an HTTP method")),
@@ -225,7 +246,22 @@ impl HttpFront {
                 }
             }
         }
-        let path = target.split_once('?').map_or(target, |(p, _)| p);
+        // What the framework routes, in origin form: a target it reduces (absolute form,
+        // fragment) must not reach the routes as written, where it would match no route.
+        let (target, routed) = match (
+            idem_http::origin_form(target),
+            routed.map(idem_http::origin_form).transpose(),
+        ) {
+            (Ok(target), Ok(routed)) => (target, routed),
+            (Err(why), _) | (_, Err(why)) => {
+                if idem_http::front::is_safe(&method) {
+                    return Admitted::Pass;
+                }
+                return self.invalid(why.to_string());
+            }
+        };
+        let routed = routed.as_deref().unwrap_or(&target);
+        let path = routed.split_once('?').map_or(routed, |(p, _)| p);
         match self.front.admit(&method, path, &map) {
             Admission::Pass => Admitted::Pass,
             Admission::Refused(r) => Admitted::Reply(r.into()),
@@ -242,8 +278,12 @@ impl HttpFront {
                     .get(http::header::CONTENT_TYPE)
                     .and_then(|v| v.to_str().ok())
                     .map(str::to_owned),
+                content_encoding: map
+                    .get(http::header::CONTENT_ENCODING)
+                    .and_then(|v| v.to_str().ok())
+                    .map(str::to_owned),
                 method,
-                target: target.to_owned(),
+                target: target.into_owned(),
             }),
         }
     }
@@ -366,6 +406,7 @@ impl HttpFront {
                     host,
                     pool,
                     anonymous: keyed.keyed.anonymous(),
+                    lease: front.policy(&keyed.keyed).engine.lease,
                     front,
                     inline,
                 }),
@@ -420,11 +461,13 @@ impl HttpFront {
 
 /// What the fingerprint of a keyed request covers: its method, target, media type and body.
 fn fingerprint(keyed: &Keyed, body: &[u8]) -> idem_core::Fingerprint {
+    let body =
+        idem_http::encoding::decoded(keyed.content_encoding.as_deref(), body, keyed.max_body);
     idem_core::Fingerprint::http(
         keyed.method.as_str(),
         &keyed.target,
         keyed.content_type.as_deref(),
-        body,
+        &body,
     )
 }
 
@@ -433,6 +476,14 @@ impl HttpExecution {
     /// may finish on its event loop.
     pub fn inline(&self) -> bool {
         self.inline
+    }
+
+    /// The route's lease: how long a response whose client left before it was complete is
+    /// still waited for (its handler may yet complete it, and the retry then gets it) before
+    /// a host marks it unknown ([`HttpExecution::unknown`]): a response that never completes
+    /// (an event stream) must not keep its key in flight for as long as the process lives.
+    pub fn lease(&self) -> std::time::Duration {
+        self.lease
     }
 
     /// The most of the handler's response body to buffer: over it, [`HttpExecution::failed`].

@@ -246,3 +246,93 @@ fn the_completed_record_cache_answers_replays_without_a_claim() {
     let again = request(&uncached, "k-d", r#"{"a":1}"#, &runs);
     assert_eq!(header(&again, "idempotent-replayed"), Some(&b"true"[..]));
 }
+
+/// Issue 59, items 1, 2 and 4: what the routes match is the path the framework routes,
+/// whatever the client wrote; under a mount, the path below it; and the fingerprint covers
+/// the whole target, so one intent written two ways is one request and two mounts are two.
+#[test]
+fn routes_match_the_path_the_framework_routes() {
+    let front = front(
+        r#"
+[[routes]]
+method = "POST"
+path = "/v1/charges"
+require_key = true
+"#,
+    );
+    let caller = headers(&[("authorization", "Bearer a")]);
+    let status = |a: Admitted| match a {
+        Admitted::Reply(r) => r.status,
+        Admitted::Pass => 0,
+        Admitted::Keyed(_) => 1,
+    };
+    for target in [
+        "/v1/charges",
+        "http://127.0.0.1/v1/charges",
+        "HTTP://x:80/v1/charges",
+        "x://y/v1/charges",
+        "http://u:p@x/v1/charges",
+        "http://x//v1/charges",
+        "/v1/charges#x",
+        "/v1/charges#?",
+        "/v1/charges/#x",
+    ] {
+        assert_eq!(
+            status(front.admit("POST", target, &caller)),
+            400,
+            "{target}"
+        );
+    }
+    // What names no path is refused on a keyed method, passed on a safe one.
+    for target in ["*", "example.com:443", "x:/v1/charges"] {
+        assert_eq!(
+            status(front.admit("POST", target, &caller)),
+            400,
+            "{target}"
+        );
+        assert_eq!(
+            status(front.admit("OPTIONS", target, &caller)),
+            0,
+            "{target}"
+        );
+    }
+    // Under a mount at /api, /api/v1/charges is the route's.
+    assert_eq!(
+        status(front.admit_routed("POST", "/api/v1/charges", Some("/v1/charges"), &caller)),
+        400
+    );
+
+    // One intent written two ways: one request (a replay); two mounts: two requests.
+    let front = self::front(CONFIG);
+    let runs = AtomicU32::new(0);
+    let keyed_at = |target: &str, routed: Option<&str>| {
+        let h = headers(&[
+            ("idempotency-key", "k-forms"),
+            ("content-type", "application/json"),
+        ]);
+        match front.admit_routed("POST", target, routed, &h) {
+            Admitted::Keyed(k) => k,
+            other => panic!("{target}: {other:?}"),
+        }
+    };
+    let run = |k: Keyed| match front.begin(k, b"{}") {
+        Begun::Execute(exe) => {
+            runs.fetch_add(1, Ordering::SeqCst);
+            exe.finish(201, &[], b"ok".to_vec())
+        }
+        Begun::Reply(r) => r,
+    };
+    let first = run(keyed_at("/v1/charges", None));
+    assert_eq!(first.status, 201);
+    let again = run(keyed_at("http://h:8080/v1/charges#frag", None));
+    assert_eq!(
+        header(&again, "idempotent-replayed"),
+        Some(b"true".as_slice())
+    );
+    let mounted = run(keyed_at("/admin/v1/charges", Some("/v1/charges")));
+    assert_eq!(
+        mounted.status, 422,
+        "another mount's path is another request"
+    );
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+}

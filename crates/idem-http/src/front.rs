@@ -213,15 +213,21 @@ impl Front {
     }
 
     /// The fingerprint of a request: method, path with query as received (`target`), the
-    /// media type, and the body, canonicalised when it is JSON
+    /// media type, and the body decoded from its `Content-Encoding` (within `max_body` bytes,
+    /// [`crate::encoding`]), canonicalised when it is JSON
     /// ([design §1](docs/design.md#1-words)).
     pub fn fingerprint(
         method: &Method,
         target: &str,
         headers: &HeaderMap,
         body: &[u8],
+        max_body: usize,
     ) -> Fingerprint {
-        Fingerprint::http(method.as_str(), target, content_type(headers), body)
+        let encoding = headers
+            .get(http::header::CONTENT_ENCODING)
+            .and_then(|v| v.to_str().ok());
+        let body = crate::encoding::decoded(encoding, body, max_body);
+        Fingerprint::http(method.as_str(), target, content_type(headers), &body)
     }
 
     /// A refusal, in the configured envelope.

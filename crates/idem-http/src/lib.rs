@@ -16,6 +16,8 @@
 //! - [`policy`]: per-route policy ([`Routes`], [`RoutePolicy`], [`PathPattern`]).
 //! - [`problem`]: the problem documents.
 //! - [`capture`]: what of a response is stored and replayed.
+//! - [`encoding`]: a body as the fingerprint reads it, decoded from its `Content-Encoding`.
+//! - [`target`]: the target a framework routes, from the one a client wrote ([`origin_form`]).
 //!
 //! # Cancel safety
 //! If the request future is dropped while the inner service runs (the client hung up) or the
@@ -30,12 +32,14 @@
 
 pub mod capture;
 pub mod config;
+pub mod encoding;
 pub mod file;
 pub mod front;
 pub mod layer;
 pub mod policy;
 pub mod problem;
 pub mod service;
+pub mod target;
 
 pub use capture::REPLAYED;
 pub use config::Config;
@@ -49,3 +53,4 @@ pub use policy::{
 };
 pub use problem::{DEFAULT_PROBLEM_BASE, Problem, ProblemFormat, ProblemTemplate, TemplateError};
 pub use service::{Body, BoxError, Executed, Idempotency};
+pub use target::origin_form;

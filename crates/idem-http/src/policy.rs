@@ -350,6 +350,13 @@ pub enum Unmatched {
         "The request has a {0} header: the service would run it as another method than the one the routes judged; send that method itself"
     )]
     MethodOverride(String),
+    /// The request target is neither a path (origin form) nor an absolute URL with an
+    /// authority (absolute form, RFC 9112 §3.2): nothing says which route a server would
+    /// run it as. Not echoed: an absolute form may carry a password in its userinfo.
+    #[error(
+        "The request target is neither a path (/v1/...) nor an absolute URL (http://host/v1/...), so no route can be chosen for it; send the path (RFC 9112 §3.2)"
+    )]
+    Target,
 }
 
 /// Headers that make frameworks run a request as another method.

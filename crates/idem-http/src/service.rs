@@ -156,7 +156,13 @@ impl<St: Store> Shared<St> {
             .uri
             .path_and_query()
             .map_or_else(|| parts.uri.path(), |pq| pq.as_str());
-        let fingerprint = Front::fingerprint(&parts.method, target, &parts.headers, &body);
+        let fingerprint = Front::fingerprint(
+            &parts.method,
+            target,
+            &parts.headers,
+            &body,
+            front.max_body(&keyed),
+        );
         // The request's span (design §13), continuing the caller's trace; the engine fills in
         // what it decides, and the inner service (the gateway's forward) runs inside it.
         let span = idem_core::span::request(idem_core::span::Call::Http {

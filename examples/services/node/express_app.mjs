@@ -16,10 +16,24 @@ app.use(express.json(), express.urlencoded({ extended: false }), express.text({ 
 function createCharge(req, res, next) {
   ledger
     .charge(ledger.fields(req.body, req.headers["content-type"]))
-    .then(({ status, body, headers }) => res.status(status).set(headers).json(body), next);
+    .then(({ status, body, headers, after, stream }) => {
+      if (stream) {
+        res.status(200).set("content-type", "text/event-stream");
+        return (async () => {
+          for await (const event of stream()) res.write(event);
+        })();
+      }
+      res.status(status).set(headers).json(body);
+      // What runs after the response (simulate: "after"), its error Express's.
+      return after();
+    })
+    .catch(next);
 }
 app.post(["/v1/charges", "/v1/waits"], createCharge);
 app.get("/v1/charges", (req, res) => res.json({ count: ledger.count() }));
 app.post("/v1/echo", (req, res) => res.json({ echo: typeof req.body === "string" ? req.body : JSON.stringify(req.body) }));
 
-app.listen(ledger.port, "127.0.0.1", () => console.log(`listening ${ledger.port}`));
+// MOUNT=/api serves it all below /api (app.use("/api", app)), the middleware inside: its
+// routes are matched below the mount, as Express routes there.
+const root = process.env.MOUNT ? express().use(process.env.MOUNT, app) : app;
+root.listen(ledger.port, "127.0.0.1", () => console.log(`listening ${ledger.port}`));

@@ -12,7 +12,8 @@ if (options) app.use(await idempotency(options));
 
 async function createCharge(c) {
   const f = ledger.fields(Buffer.from(await c.req.arrayBuffer()), c.req.header("content-type"));
-  const { status, body, headers } = await ledger.charge(f);
+  const { status, body, headers, stream } = await ledger.charge(f);
+  if (stream) return new Response(ReadableStream.from(stream()), { headers: { "content-type": "text/event-stream" } });
   return c.json(body, status, headers);
 }
 app.post("/v1/charges", createCharge);

@@ -41,7 +41,20 @@ export async function charge(f) {
   else if (simulate === "raise") throw new Raised(`failed after charging ${charge.id}`);
   else if (simulate === "large") charge.padding = "x".repeat(Number(f.size ?? 2 * 1024 * 1024));
   else if (simulate === "cookie") headers["set-cookie"] = `session=${charge.id}; Path=/; HttpOnly`;
-  return { status, body: charge, headers };
+  return { status, body: charge, headers, after: () => after(f), stream: simulate === "stream" ? events : null };
+}
+
+/** The work `simulate: "after"` asks to run after the response: sleeps `delay_ms`, then throws. */
+async function after(f) {
+  if (f.simulate !== "after") return;
+  await new Promise((r) => setTimeout(r, Number(f.delay_ms ?? 2000)));
+  throw new Raised("the work after the response failed");
+}
+
+/** `simulate: "stream"`: an event stream that sends one event and never ends. */
+async function* events() {
+  yield "data: charged\n\n";
+  await new Promise(() => {});
 }
 
 /** The idem options of an example: $IDEM_CONFIG names the TOML file; "off" runs the service bare. */

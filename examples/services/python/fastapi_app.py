@@ -11,6 +11,7 @@ import os
 from fastapi import FastAPI, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse
+from starlette.background import BackgroundTask
 
 from idem_runtime.asgi import IdempotencyMiddleware
 
@@ -27,7 +28,7 @@ async def create_charge(request: Request):
     f = ledger.fields(await request.body(), request.headers.get("content-type"))
     # The charge blocks (a slow one sleeps): on a thread, not the event loop.
     status, body, headers = await run_in_threadpool(ledger.charge, f)
-    return JSONResponse(body, status_code=status, headers=dict(headers))
+    return JSONResponse(body, status_code=status, headers=dict(headers), background=BackgroundTask(ledger.after, f))
 
 
 @app.get("/v1/charges")

@@ -28,6 +28,7 @@ def create_charge():
     resp.status_code = status
     for name, value in headers:
         resp.headers[name] = value
+    resp.call_on_close(lambda: ledger.after(f))
     return resp
 
 

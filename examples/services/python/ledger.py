@@ -9,7 +9,8 @@ charges, across processes and restarts. The contract every example service follo
 - ``simulate`` in the body asks for what a real service sometimes does: ``slow`` (charges,
   then sleeps ``delay_ms``), ``raise`` (charges, then raises), ``status`` (answers ``status``;
   charges unless it is 429 or 503), ``large`` (charges, answers ``size`` bytes), ``cookie``
-  (charges, sets a session cookie);
+  (charges, sets a session cookie), ``after`` (charges and answers, then the framework's
+  after-response work sleeps ``delay_ms`` and raises, where the framework has such work);
 - ``GET /v1/charges`` answers ``{"count": N}``; ``POST /v1/echo`` (no route requires a key)
   answers what it was sent.
 """
@@ -53,6 +54,16 @@ def _append(charge: dict) -> None:
     # One short O_APPEND write per charge: lines from many processes never interleave.
     with open(LEDGER, "a", encoding="utf-8") as f:
         f.write(json.dumps(charge) + "\n")
+
+
+def after(f: dict) -> None:
+    """The work ``simulate=after`` asks to run after the response (a receipt e-mail): sleeps
+    ``delay_ms``, then raises. The framework runs it after the response's last byte
+    (Starlette's and Litestar's background tasks, Flask's ``call_on_close``): neither the wait
+    nor the exception is the request's."""
+    if f.get("simulate") == "after":
+        time.sleep(int(f.get("delay_ms", 2000)) / 1000)
+        raise Raised("the work after the response failed")
 
 
 def charge(f: dict) -> tuple:

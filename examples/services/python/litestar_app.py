@@ -10,6 +10,7 @@ import os
 
 from litestar import Litestar, Request, Response, get, post
 from litestar.middleware import DefineMiddleware
+from litestar.background_tasks import BackgroundTask
 from litestar.concurrency import sync_to_thread
 
 from idem_runtime.asgi import IdempotencyMiddleware
@@ -22,7 +23,7 @@ async def create_charge(request: Request) -> Response:
     f = ledger.fields(await request.body(), request.headers.get("content-type"))
     # The charge blocks (a slow one sleeps): on a thread, not the event loop.
     status, body, headers = await sync_to_thread(ledger.charge, f)
-    return Response(body, status_code=status, headers=dict(headers))
+    return Response(body, status_code=status, headers=dict(headers), background=BackgroundTask(ledger.after, f))
 
 
 @get("/v1/charges")

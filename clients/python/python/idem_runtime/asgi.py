@@ -18,7 +18,10 @@ request's body is buffered (up to the route's ``max_body_bytes``) and handed to 
 response is buffered too (up to ``max_response_bytes``) and sent once it is stored, so a
 streaming response on a keyed route arrives whole. An exception out of the app marks the
 outcome unknown (409 ``outcome-unknown`` to retries until ``idem resolve``), never a release;
-a response the framework made of an exception (a 500 page) is a response, and is kept.
+a response the framework made of an exception (a 500 page) is a response, and is kept. A
+response is complete at its last body message: it is stored and sent then, so what the app
+runs after it (Starlette's ``BackgroundTask``, Litestar's background) neither delays it nor,
+if it raises, changes it.
 """
 
 from __future__ import annotations
@@ -121,37 +124,57 @@ class IdempotencyMiddleware:
         headers: list = []
         parts: list = []
         size = 0
-        done = False
+        sent = False
         too_large = False
         limit = execution.max_response
 
+        async def settle(complete: bool) -> None:
+            """Stores the response (or, when it is not ``complete`` or over the bound, marks
+            the outcome unknown) and sends what the core says: once."""
+            nonlocal sent
+            sent = True
+            if status is None or not complete or too_large:
+                reply = await loop.run_in_executor(None, execution.failed)
+            elif execution.inline:
+                reply = execution.finish(status, headers, b"".join(parts))
+            else:
+                reply = await asyncio.shield(loop.run_in_executor(None, execution.finish, status, headers, b"".join(parts)))
+            await _reply(send, reply)
+
         async def captured(message: Message) -> None:
-            nonlocal status, headers, size, done, too_large
+            nonlocal status, headers, size, too_large
+            if sent:
+                return
             if message["type"] == "http.response.start":
                 status = message["status"]
                 headers = [(n.decode("latin-1"), bytes(v)) for n, v in message.get("headers", [])]
-            elif message["type"] == "http.response.body" and not done:
+            elif message["type"] == "http.response.body":
                 chunk = message.get("body", b"")
                 size += len(chunk)
                 if size > limit:
                     too_large = True
                 else:
                     parts.append(chunk)
-                done = not message.get("more_body", False)
+                # The last body message completes the response: it is stored and sent now,
+                # not when the app returns. Starlette runs a response's background tasks
+                # (and Litestar its own) after that message, inside the app's call: the
+                # client must not wait for them, and what they raise is not the request's.
+                if not message.get("more_body", False):
+                    await settle(True)
 
         try:
             await self.app(scope, replayed_body, captured)
         except BaseException:
+            if sent:
+                # The response was complete, stored and sent: what the app raised after it
+                # (a background task) is the app's own error, for the server to log.
+                raise
             # Whatever the handler did before raising is unknown: never released.
+            sent = True
             await asyncio.shield(loop.run_in_executor(None, execution.unknown))
             raise
-        if status is None or not done or too_large:
-            reply = await loop.run_in_executor(None, execution.failed)
-        elif execution.inline:
-            reply = execution.finish(status, headers, b"".join(parts))
-        else:
-            reply = await loop.run_in_executor(None, execution.finish, status, headers, b"".join(parts))
-        await _reply(send, reply)
+        if not sent:
+            await settle(False)
 
 
 async def _off_loop(fn: Callable, *args: Any, own_thread: bool = False) -> Any:
