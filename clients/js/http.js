@@ -22,7 +22,7 @@ export async function openFront(options = {}) {
     try {
       file = readFileSync(config, "utf8");
     } catch (e) {
-      throw new ConfigurationError(`the config file ${JSON.stringify(String(config))} cannot be read: ${e.code ?? e.message}`);
+      throw new ConfigurationError(`the config file ${JSON.stringify(String(config))} cannot be read: ${e.message}`);
     }
   }
   const given = Object.keys(settings).length > 0 ? JSON.stringify(snake(settings)) : null;
@@ -31,6 +31,12 @@ export async function openFront(options = {}) {
     native_ = await native.openHttpFront(file, given, store ?? process.env.IDEM_STORE ?? null);
   } catch (e) {
     throw fromNative(e);
+  }
+  if (native_.store === "memory:") {
+    process.emitWarning(
+      "the memory: store keeps every record in this process until its retention ends (about 2 KB a key, not bounded by cacheBytes) and loses them all on a restart, when a retry would run again; it is for tests. A service wants sqlite:PATH or a shared store (docs/middleware.md)",
+      { type: "IdemWarning", code: "IDEM_MEMORY_STORE" },
+    );
   }
   // Read once: a getter is a call into the native module.
   return { admit: native_.admit.bind(native_), bodyReadMs: native_.bodyReadMs ?? 0, store: native_.store };

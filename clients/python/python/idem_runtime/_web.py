@@ -11,11 +11,15 @@ from __future__ import annotations
 
 import datetime
 import json
+import logging
 import os
 from typing import Any, Mapping, Optional, Union
 from urllib.parse import quote
 
 from . import _native
+from .errors import ConfigurationError
+
+log = logging.getLogger("idem_runtime")
 
 PathLike = Union[str, "os.PathLike[str]"]
 
@@ -36,10 +40,26 @@ def front(config: Optional[PathLike], store: Optional[str], settings: Mapping[st
     records in ``store`` (else the file's ``store``, else ``$IDEM_STORE``, else the default)."""
     text = None
     if config is not None:
-        with open(os.fspath(config), encoding="utf-8") as f:
-            text = f.read()
+        try:
+            with open(os.fspath(config), encoding="utf-8") as f:
+                text = f.read()
+        except OSError as e:
+            raise ConfigurationError(f"the config file {os.fspath(config)!r} cannot be read: {e.strerror or e}") from e
     overrides = json.dumps(_plain(dict(settings))) if settings else None
-    return _native.HttpFront(text, overrides, store or os.environ.get("IDEM_STORE"))
+    made = _native.HttpFront(text, overrides, store or os.environ.get("IDEM_STORE"))
+    if made.store == "memory:":
+        log.warning(MEMORY_WARNING)
+    return made
+
+
+#: Said once per middleware made on ``memory:`` (the ``idem_runtime`` logger; Node says the
+#: same as a process warning, code ``IDEM_MEMORY_STORE``).
+MEMORY_WARNING = (
+    "idem-runtime: the memory: store keeps every record in this process until its retention ends "
+    "(about 2 KB a key, not bounded by cache_bytes) and loses them all on a restart, when a retry "
+    "would run again; it is for tests. A service wants sqlite:PATH or a shared store "
+    "(docs/middleware.md)"
+)
 
 
 def asgi_target(scope: Mapping[str, Any]) -> str:
