@@ -6,6 +6,7 @@
 // without a key never retried once it may have been sent.
 import { deriveFromJson } from "./derive.js";
 import { IdemError } from "./errors.js";
+import { intentJson } from "./intent.js";
 import { resolveScope } from "./scope.js";
 
 /** Attempts, backoff bound (doubling from `baseMs` up to `capMs`), and no attempt started after `maxTotalMs`. */
@@ -57,6 +58,29 @@ export const sleepMs = (ms) => new Promise((r) => setTimeout(r, ms));
  * it (off by default: a service whose model forbids extra fields would refuse the call).
  * Answers with the last Response (check `ok`); throws when no attempt got an answer.
  */
+/**
+ * An HTTP call's intent (docs/key-derivation.md, "HTTP requests"): the method, the URL
+ * (without its fragment) and the JSON arguments, `{"method","url","args"}`. Two customers'
+ * URLs (`/v1/customers/cus_1/charges`, `?customer=cus_2`) with the same arguments are two
+ * intents; the Python transports key a request the same way.
+ */
+export function requestIntent(input, method, args) {
+  const url = new URL(typeof input === "string" || input instanceof URL ? String(input) : input.url);
+  url.hash = "";
+  return intentJson({ method: String(method ?? "POST").toUpperCase(), url: url.href, args }, "request");
+}
+
+/**
+ * Key fields named over the arguments (`order.id`, `/order/id`), as they stand in
+ * `requestIntent`'s object (`args.order.id`, `/args/order/id`), with the method and the URL:
+ * a key from some of the arguments is still a key of this request's target.
+ */
+export function requestKeyFields(fields) {
+  if (fields === undefined || fields === null) return fields;
+  const list = typeof fields === "string" ? [fields] : fields;
+  return ["method", "url", ...list.map((f) => (f.startsWith("/") ? `/args${f}` : `args.${f}`))];
+}
+
 export async function idemFetch(input, init = {}) {
   const { idem = {}, ...rest } = init;
   const cls = idem.class ?? "effect";
@@ -76,9 +100,12 @@ export async function idemFetch(input, init = {}) {
   if (cls === "effect") {
     if (idem.key !== undefined) key = idem.key;
     else {
-      if (idem.args === undefined) throw new TypeError("idemFetch needs idem.args (the JSON arguments) to derive a key, or idem.key");
+      // A bodiless request (POST /orders/o_1/cancel) is keyed on its method and URL alone.
       const scope = resolveScope(idem.scope, idem.args, [], tool);
-      key = deriveFromJson(scope.id, tool, JSON.stringify(idem.args), idem);
+      key = deriveFromJson(scope.id, tool, requestIntent(input, rest.method, idem.args ?? null), {
+        ...idem,
+        keyFields: requestKeyFields(idem.keyFields),
+      });
     }
   }
   const headers = new Headers(rest.headers);

@@ -14,8 +14,17 @@ import {
   ToolArgumentsError,
   fromNative,
 } from "./errors.js";
+import { intentJson } from "./intent.js";
 import { resolveScope } from "./scope.js";
 import * as otel from "./otel.js";
+
+/** The argument a model may write a key into: never the key, never part of the intent. */
+const KEY_ARGUMENT = "idempotency_key";
+
+function withoutKey(args) {
+  const { [KEY_ARGUMENT]: _written, ...rest } = args;
+  return rest;
+}
 
 /** The CLI's default store (idem_stores::DEFAULT_STORE), so `idem inspect KEY` finds records with no flag. */
 export const DEFAULT_STORE = "sqlite:idem.db";
@@ -180,17 +189,21 @@ export function idempotent(fn, options = {}) {
   }
 
   async function run(span, all, withOutcome) {
-    const [args, ...rest] = all;
+    let [args, ...rest] = all;
     if (all.length > 0) plainArguments(tool, args);
+    // The runtime owns the key: an `idempotency_key` in the arguments (a model writes a new
+    // one on each retry, and the same one in another run) is neither the key nor part of the
+    // intent; the function is handed the derived key in its place.
+    const written = args !== null && typeof args === "object" && Object.hasOwn(args, KEY_ARGUMENT);
+    const intent = written ? withoutKey(args) : args;
     let argsJson;
     try {
-      argsJson = JSON.stringify(args ?? null);
+      argsJson = intentJson(intent ?? null);
     } catch (e) {
-      throw new KeyDerivationError(`${tool}: no key can be derived, the arguments are not JSON (${e.message}); nothing ran`, { cause: e });
+      throw new KeyDerivationError(`${tool}: ${e.message}`, { cause: e });
     }
-    const explicit = args !== null && typeof args === "object" && typeof args.idempotency_key === "string";
-    let key = explicit ? args.idempotency_key : undefined;
-    const scope = explicit ? undefined : resolveScope(options.scope, args, rest, tool);
+    let key;
+    const scope = resolveScope(options.scope, intent, rest, tool);
     let outcome = null;
     try {
       store ??= await openStore(url);
@@ -199,15 +212,11 @@ export function idempotent(fn, options = {}) {
       // waiting there, duplicates could hold every pool thread and starve the first call's
       // finish, the store write that would end their wait.
       if (store.inline) {
-        if (explicit) {
-          outcome = spec.beginNow(store, key, argsJson);
-        } else {
-          outcome = spec.deriveAndBeginNow(store, scope.id, argsJson, ordinal);
-          key = outcome.key;
-          if (outcome.kind === "wait") outcome = null;
-        }
+        outcome = spec.deriveAndBeginNow(store, scope.id, argsJson, ordinal);
+        key = outcome.key;
+        if (outcome.kind === "wait") outcome = null;
       } else {
-        if (!explicit) key = spec.derive(scope.id, argsJson, ordinal);
+        key = spec.derive(scope.id, argsJson, ordinal);
         outcome = await spec.begin(store, key, argsJson);
         if (outcome.kind === "wait") outcome = null;
       }
@@ -221,6 +230,7 @@ export function idempotent(fn, options = {}) {
     if (outcome.kind !== "execute") otel.outcome(span, outcome.kind);
     switch (outcome.kind) {
       case "execute":
+        if (written) args = { ...intent, [KEY_ARGUMENT]: key };
         return execute(span, outcome.ticket, key, args, rest, withOutcome);
       case "replayed":
         if (outcome.body == null) {

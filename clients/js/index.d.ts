@@ -33,11 +33,12 @@ export class ResultTooLargeError extends IdemError {}
 export class Scope {
   constructor(id: string);
   readonly id: string;
-  toJSON(): { idem_scope: string };
-  /** From `toJSON()`'s value, its JSON text, or a bare id. */
-  static from(value: Scope | string | { idem_scope: string }): Scope;
+  /** The form both languages write and read (Python's `Scope.dumps()`). */
+  toJSON(): { format: "idem-scope/v1"; id: string };
+  /** From `toJSON()`'s value or its JSON text (also the older `{ idem_scope }`), or a bare id; anything else is a TypeError. */
+  static from(value: ScopeLike): Scope;
 }
-export type ScopeLike = Scope | string | { idem_scope: string };
+export type ScopeLike = Scope | string | { format: "idem-scope/v1"; id: string } | { idem_scope: string };
 /** Runs `fn` with `scope` as the current scope (AsyncLocalStorage: it survives every await). */
 export function withScope<T>(scope: ScopeLike, fn: () => T): T;
 export function currentScope(): Scope | undefined;
@@ -48,8 +49,12 @@ export interface DeriveOptions {
   /** Derive from these arguments only: names, dotted paths (order.id, items.0.sku) or JSON Pointers. */
   keyFields?: string[];
 }
-/** The key of one intent (idem/v1, docs/key-derivation.md), by the Rust derivation. */
-export function deriveKey(scope: ScopeLike | string, tool: string, args: unknown, options?: DeriveOptions): string;
+/**
+ * The key of one intent (idem/v1, docs/key-derivation.md), by the Rust derivation. A value
+ * JSON would not carry as it is (a Set, a Map, a Promise, a class instance, NaN, an invalid
+ * Date, bytes, a function) is refused with DeriveError naming where it is, never coerced.
+ */
+export function deriveKey(scope: ScopeLike, tool: string, args: unknown, options?: DeriveOptions): string;
 /** As deriveKey, from JSON text: integers beyond 2^53 in it are an error, not a rounding. */
 export function deriveKeyFromJson(scope: string, tool: string, argsJson: string, options?: DeriveOptions): string;
 
@@ -98,7 +103,13 @@ export interface IdempotentOptions<A extends unknown[]> extends Omit<DeriveOptio
  * `charge({ customer, amount })`; a call whose first argument is anything else (a string, a
  * number, an array, a class instance, null) is refused with `ToolArgumentsError` before it
  * runs, since `pay("cus_1", 4900)` then `pay("cus_1", 9900)` would otherwise replay the first.
- * A call with no arguments at all is keyed as `null`.
+ * A call with no arguments at all is keyed as `null`. A value in them that JSON would not carry
+ * as it is (a Set, a Map, a Promise, a class instance, NaN, bytes) is refused with
+ * `KeyDerivationError` naming where it is.
+ *
+ * The runtime owns the key: an `idempotency_key` in the arguments (a model writes a new one on
+ * each retry) is left out of the intent and never used as the key; `fn` gets the derived key
+ * there instead.
  *
  * A thrown error in `keepErrors` is stored and replayed: as an instance of the listed class
  * of its name (built with the stored message), else as an Error of that name.

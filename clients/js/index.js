@@ -1,6 +1,8 @@
 // idem-runtime: retry-safe tool calls for Node.js, over idem's Rust engine and stores.
-import { DeriveError } from "./errors.js";
 import { deriveFromJson } from "./derive.js";
+import { DeriveError } from "./errors.js";
+import { intentJson } from "./intent.js";
+import { Scope } from "./scope.js";
 
 export * from "./errors.js";
 export { Scope, withScope, currentScope } from "./scope.js";
@@ -12,14 +14,18 @@ export { idemFetch, RetryPolicy } from "./fetch.js";
  * `keyFields` derives it from only the named arguments.
  */
 export function deriveKey(scope, tool, args, options) {
+  if (typeof tool !== "string") throw new TypeError(`deriveKey(scope, tool, args): tool is a string, not ${typeof tool}`);
+  // A string is the id itself (the derivation says which are valid); any other form is read
+  // as a Scope (`{ format: "idem-scope/v1", id }`, `{ idem_scope }`) or refused: never
+  // String(scope), which named every object scope "[object Object]".
+  const id = typeof scope === "string" ? scope : Scope.from(scope).id;
   let text;
   try {
-    text = JSON.stringify(args);
+    text = intentJson(args);
   } catch (e) {
-    throw new DeriveError(`args are not JSON: ${e.message}`);
+    throw new DeriveError(e.message);
   }
-  if (text === undefined) throw new DeriveError("args are not JSON: undefined");
-  return deriveFromJson(String(scope), String(tool), text, options);
+  return deriveFromJson(id, tool, text, options);
 }
 
 /** As deriveKey, from JSON text (integers beyond 2^53 in the text are an error, not a rounding). */

@@ -16,20 +16,42 @@ export class Scope {
     Object.freeze(this);
   }
 
-  /** `{ "idem_scope": id }`, for postMessage, a job payload or an environment variable. */
+  /**
+   * `{ "format": "idem-scope/v1", "id": id }`, for postMessage, a job payload or an
+   * environment variable: the form the Python package writes and reads too, so a scope
+   * crosses between the languages.
+   */
   toJSON() {
-    return { idem_scope: this.id };
+    return { format: "idem-scope/v1", id: this.id };
   }
 
-  /** From `toJSON()`'s value, its JSON text, or a bare id. */
+  /**
+   * From `toJSON()`'s value or its JSON text (also the older `{ "idem_scope": id }`), a
+   * Scope, or a bare id. Anything else (null, undefined, a number, another object) is
+   * refused: a scope named "null" or "[object Object]" would put unrelated runs' intents in
+   * one scope.
+   */
   static from(value) {
     if (value instanceof Scope) return value;
     if (typeof value === "string") {
-      if (value.startsWith("{")) return Scope.from(JSON.parse(value));
+      if (value.startsWith("{")) {
+        let parsed;
+        try {
+          parsed = JSON.parse(value);
+        } catch {
+          return new Scope(value);
+        }
+        return Scope.from(parsed);
+      }
       return new Scope(value);
     }
-    if (value && typeof value === "object" && typeof value.idem_scope === "string") return new Scope(value.idem_scope);
-    throw new TypeError(`not a serialised idem scope: ${JSON.stringify(value)}; expected { "idem_scope": "<id>" }`);
+    if (value && typeof value === "object") {
+      if (value.format === "idem-scope/v1" && typeof value.id === "string") return new Scope(value.id);
+      if (typeof value.idem_scope === "string") return new Scope(value.idem_scope);
+    }
+    throw new TypeError(
+      `not an idem scope: ${value === undefined ? "undefined" : JSON.stringify(value)}; a scope is a Scope, a non-empty id, or { "format": "idem-scope/v1", "id": "<id>" }`,
+    );
   }
 
   toString() {

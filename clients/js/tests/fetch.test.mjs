@@ -6,6 +6,7 @@ import assert from "node:assert/strict";
 import { createServer } from "node:http";
 
 import { IdemError, deriveKey, idemFetch, withScope } from "../index.js";
+import { requestIntent } from "../fetch.js";
 
 /** A server answering attempt n with script[n-1] (a status, or "drop" to cut the connection). */
 async function server(t, script) {
@@ -58,7 +59,7 @@ test("a keyed effect is retried through 503 and a dropped connection with one ke
   const res = await withScope("run-fetch", () => idemFetch(url, { idem: { tool: "charge_card", args, sleep } }));
   assert.equal(res.status, 200);
   assert.deepEqual(await res.json(), { attempt: 3 });
-  const key = deriveKey("run-fetch", "charge_card", args);
+  const key = deriveKey("run-fetch", "charge_card", JSON.parse(requestIntent(url, "POST", args)));
   assert.equal(seen.length, 3);
   for (const s of seen) {
     assert.equal(s.key, `"${key}"`);
@@ -71,7 +72,7 @@ test("a keyed effect is retried through 503 and a dropped connection with one ke
 test("the bare header and the key in the body are the caller's choice", async (t) => {
   const { url, seen } = await server(t, [200]);
   await idemFetch(url, { idem: { args, scope: "s", keyHeader: "bare", keyInBody: true, sleep: recorder().sleep } });
-  const key = deriveKey("s", "charge_card", args);
+  const key = deriveKey("s", "charge_card", JSON.parse(requestIntent(url, "POST", args)));
   assert.deepEqual(seen, [{ key, body: { ...args, idempotency_key: key } }]);
   await assert.rejects(idemFetch(url, { idem: { args, scope: "s", keyHeader: "quoted" } }), /keyHeader is "sf-string" .* or "bare"/);
   assert.equal(seen.length, 1, "nothing sent for a bad option");

@@ -8,6 +8,7 @@ import { join } from "node:path";
 import { createInterface } from "node:readline";
 
 import { deriveKey, idemFetch, withScope } from "../index.js";
+import { requestIntent } from "../fetch.js";
 import { idemBinary, tmp } from "./helpers.mjs";
 
 /** Starts `idem ARGS` (killed when the test ends) and returns its first line of output. */
@@ -55,7 +56,7 @@ test("a reply lost after the charge: idemFetch's retry through idem serve is rep
   assert.equal(res.status, 200);
   assert.deepEqual(await res.json(), { replayed: "true" });
   assert.equal(attempts.length, 2);
-  const key = deriveKey("run-gw-1", "create_charge", args);
+  const key = deriveKey("run-gw-1", "create_charge", JSON.parse(requestIntent(`http://${gw}/v1/charges`, "POST", args)));
   assert.ok(attempts.every((a) => a.key === key));
   const charges = await (await fetch(`${api.replace(/\/$/, "")}/v1/charges`)).json();
   assert.equal(charges.data.length, 1, JSON.stringify(charges));

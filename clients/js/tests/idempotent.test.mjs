@@ -174,7 +174,8 @@ test("the scope comes from the option, a function of the arguments, or the conte
 
   const scope = new Scope(scopeId("handoff"));
   const json = JSON.stringify(scope);
-  assert.deepEqual(JSON.parse(json), { idem_scope: scope.id });
+  assert.deepEqual(JSON.parse(json), { format: "idem-scope/v1", id: scope.id });
+  assert.equal(Scope.from(JSON.stringify({ idem_scope: scope.id })).id, scope.id, "the older form still reads");
   assert.equal(Scope.from(json).id, scope.id);
   assert.equal(Scope.from(JSON.parse(json)).id, scope.id);
   await withScope(scope, async () => {
@@ -185,14 +186,15 @@ test("the scope comes from the option, a function of the arguments, or the conte
   assert.throws(() => new Scope(""), TypeError);
 });
 
-test("an explicit idempotency_key is used as is; other arguments under it are a mismatch", async () => {
+test("an idempotency_key in the arguments is neither the key nor the intent: the runtime's key is (issue 60)", async () => {
   const { fn, calls } = counter();
-  const t = idempotent(fn, { tool: "explicit", store: memory() });
-  const key = `explicit-${scopeId("k")}`;
-  const a = await t({ idempotency_key: key, x: 1 });
-  assert.deepEqual(await t({ idempotency_key: key, x: 1 }), a);
-  await assert.rejects(t({ idempotency_key: key, x: 2 }), (e) => e instanceof KeyMismatchError && e.key === key);
+  const run = scopeId("explicit");
+  const t = idempotent(fn, { tool: "explicit", store: memory(), scope: run });
+  const a = await t({ idempotency_key: "k-model-1", x: 1 });
+  assert.deepEqual(await t({ idempotency_key: "k-model-2", x: 1 }), a);
+  assert.deepEqual(await t({ x: 1 }), a);
   assert.equal(calls.length, 1);
+  assert.equal(calls[0].idempotency_key, deriveKey(run, "explicit", { x: 1 }));
 });
 
 test("a duplicate while the first is running: waits for its result, or with wait 0 is told it is in flight", async () => {

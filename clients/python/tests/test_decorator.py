@@ -17,6 +17,7 @@ import uuid
 from cli_support import subprocess_env
 
 from idem_runtime import (
+    ConfigurationError,
     InFlightError,
     KeyMismatchError,
     OutcomeUnknownError,
@@ -252,20 +253,75 @@ class ExplicitKeyAndScope(unittest.TestCase):
         expected = derive_key(run, "charge", {"customer": "c", "amount": 5, "currency": "usd"})
         self.assertEqual(outcome.key, expected)
 
-    def test_methods_leave_self_out(self):
-        class Mailer:
-            def __init__(self, n):
-                self.n = n
+    def test_a_method_keys_what_its_instance_says(self):
+        """Issue 60, item 2: two instances configured apart are two intents; two classes'
+        same-named methods are two tools; a method taking self needs instance_key."""
 
-            @idempotent(store="memory:", scope=unique())
-            def send(self, to: str) -> str:
-                return f"{self.n}:{to}"
+        class Gateway:
+            def __init__(self, account):
+                self.account = account
+                self.runs = 0
 
-        self.assertEqual(Mailer(1).send("a"), "1:a")
-        # Another instance, one intent: `self` is not part of the key.
-        self.assertEqual(Mailer(2).send("a"), "1:a")
-        value, outcome = Mailer.send.call_with_outcome(Mailer(3), "a")
-        self.assertEqual((value, outcome.replayed), ("1:a", True))
+            @idempotent(store="memory:", scope=unique(), instance_key=lambda self: self.account)
+            def refund(self, charge: str) -> str:
+                self.runs += 1
+                return f"{self.account}:{charge}"
+
+        a, b, a_again = Gateway("acct_A"), Gateway("acct_B"), Gateway("acct_A")
+        self.assertEqual(a.refund("ch_1"), "acct_A:ch_1")
+        self.assertEqual(b.refund("ch_1"), "acct_B:ch_1")  # B's refund runs
+        # Another instance of the same account, one intent: a replay.
+        value, outcome = Gateway.refund.call_with_outcome(a_again, "ch_1")
+        self.assertEqual((value, outcome.replayed, a_again.runs), ("acct_A:ch_1", True, 0))
+
+        run = unique()
+
+        class Stripe:
+            @idempotent(store="memory:", scope=run, instance_key=lambda self: None)
+            def pay(self, customer: str, amount: int) -> dict:
+                return {"psp": "stripe"}
+
+        class Paypal:
+            @idempotent(store="memory:", scope=run, instance_key=lambda self: None)
+            def pay(self, customer: str, amount: int) -> dict:
+                return {"psp": "paypal"}
+
+        self.assertEqual(Stripe().pay("cus_1", 100), {"psp": "stripe"})
+        self.assertEqual(Paypal().pay("cus_1", 100), {"psp": "paypal"})
+        with self.assertRaisesRegex(ConfigurationError, "instance_key"):
+
+            class Unsaid:
+                @idempotent(store="memory:")
+                def send(self, to: str) -> None:
+                    return None
+
+    def test_a_function_named_with_self_keeps_it(self):
+        """Item 8: only a real method's receiver is set apart; a plain function's first
+        argument named self is part of its intent."""
+
+        @idempotent(store="memory:", scope=unique())
+        def classify(self, n):
+            return [self, n]
+
+        self.assertEqual(classify("gold", 5), ["gold", 5])
+        self.assertEqual(classify("silver", 5), ["silver", 5])
+
+    def test_partials_and_lambdas_are_named_and_keyed_whole(self):
+        """Item 7: a partial's bound arguments are in its intent; a lambda or a partial must
+        be named."""
+        import functools
+
+        def base(a, b):
+            return [a, b]
+
+        with self.assertRaisesRegex(ConfigurationError, "tool="):
+            idempotent(functools.partial(base, 1), store="memory:")
+        with self.assertRaisesRegex(ConfigurationError, "tool="):
+            idempotent(lambda x: x, store="memory:")
+        run = unique()
+        one = idempotent(functools.partial(base, 1), store="memory:", tool="base", scope=run)
+        nine = idempotent(functools.partial(base, 9), store="memory:", tool="base", scope=run)
+        self.assertEqual((one(2), nine(2)), ([1, 2], [9, 2]))
 
     def test_variadic_signatures(self):
         @idempotent(store="memory:", scope=unique())

@@ -139,14 +139,15 @@ class ThroughTheGateway(unittest.TestCase):
         import time
 
         from idem_runtime import derive_key
-        from idem_runtime.http import call_info, intent
+        from idem_runtime.http import call_info, intent, request_intent
 
         args = {"customer": "cus_1", "amount_cents": 4900}
         self.proxy.drops = 1
         # A real sleep: a retry that overtakes the first request's completion gets 409 in-flight
         # with Retry-After, and must wait it out.
         r = self.client(sleep=time.sleep).post(self.url, json=args, extensions=intent("charge_card"))
-        key = derive_key("run-7", "charge_card", args)
+        # The intent is the method, the URL and the body (docs/key-derivation.md).
+        key = derive_key("run-7", "charge_card", request_intent("POST", self.url, args))
         self.assertEqual(self.proxy.dropped, 1)
         self.assertEqual(r.status_code, 201, r.text)
         self.assertEqual(len(self.upstream.executions), 1, "one charge, however many attempts")
@@ -233,10 +234,10 @@ class ThroughTheGateway(unittest.TestCase):
 
     def test_the_key_in_the_body_and_the_bare_header_are_the_callers_choice(self):
         from idem_runtime import ConfigurationError, derive_key
-        from idem_runtime.http import IdempotentTransport, intent
+        from idem_runtime.http import IdempotentTransport, intent, request_intent
 
         args = {"customer": "cus_2", "amount_cents": 100}
-        key = derive_key("run-7", "charge_card", args)
+        key = derive_key("run-7", "charge_card", request_intent("POST", self.url, args))
         self.client(key_header="bare").post(self.url, json=args, extensions=intent("charge_card"))
         _, headers, body = self.upstream.executions[-1]
         self.assertEqual((headers["idempotency-key"], body), (key, args))
@@ -247,7 +248,7 @@ class ThroughTheGateway(unittest.TestCase):
         # In the body too, when asked (the fingerprint then covers it: keep one setting per service).
         other = {"customer": "cus_3", "amount_cents": 100}
         self.client(key_in_body=True).post(self.url, json=other, extensions=intent("charge_card"))
-        key = derive_key("run-7", "charge_card", other)
+        key = derive_key("run-7", "charge_card", request_intent("POST", self.url, other))
         self.assertEqual(self.upstream.executions[-1][2], {**other, "idempotency_key": key})
         with self.assertRaises(ConfigurationError) as e:
             IdempotentTransport(key_header="quoted")

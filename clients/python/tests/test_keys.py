@@ -243,3 +243,64 @@ class AgainstTheCli(unittest.TestCase):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+class RequestIntents(unittest.TestCase):
+    """Issue 60, item 4: an HTTP call's intent is its method, URL and body, so two customers'
+    URLs with one body never share a key; one request written twice keeps one."""
+
+    def keys_sent(self, *requests):
+        import httpx
+
+        from idem_runtime.http import IdempotentTransport, intent
+
+        seen = []
+
+        def answer(request):
+            seen.append(request.headers.get("idempotency-key"))
+            return httpx.Response(201, json={})
+
+        client = httpx.Client(transport=IdempotentTransport(httpx.MockTransport(answer), scope="run-60"))
+        for method, url, body in requests:
+            client.request(method, url, json=body, extensions=intent("charge"))
+        return seen
+
+    def test_targets_are_part_of_the_intent(self):
+        base = "http://api.test"
+        args = {"amount_cents": 100}
+        keys = self.keys_sent(
+            ("POST", f"{base}/v1/customers/cus_1/charges", args),
+            ("POST", f"{base}/v1/customers/cus_2/charges", args),
+            ("POST", f"{base}/v1/charges?customer=cus_3", args),
+            ("POST", f"{base}/v1/charges?customer=cus_4", args),
+            ("PUT", f"{base}/v1/charges?customer=cus_4", args),
+            ("POST", f"{base}/orders/o_1/cancel", None),
+            ("POST", f"{base}/orders/o_2/cancel", None),
+        )
+        self.assertEqual(len(set(keys)), len(keys), keys)
+        # One intent twice (a fragment is not sent): one key.
+        again = self.keys_sent(("POST", f"{base}/v1/charges?customer=cus_3", args), ("POST", f"{base}/v1/charges?customer=cus_3#x", args))
+        self.assertEqual(again[0], again[1])
+        self.assertEqual(again[0], keys[2])
+
+    def test_the_key_is_the_one_node_derives(self):
+        from idem_runtime.http import request_intent
+
+        # The same object Node's idemFetch keys (clients/js/tests/intent.test.mjs holds this key).
+        intent = request_intent("post", "https://api.test/v1/charges?customer=cus_3#frag", {"amount_cents": 100})
+        self.assertEqual(intent, {"method": "POST", "url": "https://api.test/v1/charges?customer=cus_3", "args": {"amount_cents": 100}})
+        self.assertEqual(derive_key("run-60", "charge", intent), "run_60-charge-3k6bmxk6kiujd3eet5jubprgzl7fnclj")
+
+
+class ScopeHandOff(unittest.TestCase):
+    """Issue 60, item 11: one serialised scope, read and written by both languages."""
+
+    def test_both_forms_read(self):
+        self.assertEqual(Scope.loads('{"format":"idem-scope/v1","id":"order_7"}').id, "order_7")
+        self.assertEqual(Scope.loads('{"idem_scope":"order_7"}').id, "order_7")
+        self.assertEqual(json.loads(Scope("order_7").dumps()), {"format": "idem-scope/v1", "id": "order_7"})
+        from idem_runtime import ConfigurationError
+
+        for bad in ['{"id":"x"}', '{"idem_scope":7}', "[]"]:
+            with self.assertRaises(ConfigurationError):
+                Scope.loads(bad)

@@ -51,10 +51,13 @@ async function after(f) {
   throw new Raised("the work after the response failed");
 }
 
+/** Who waits for the next event: a broker's subscriber list, which keeps every stream alive. */
+const subscribers = new Set();
+
 /** `simulate: "stream"`: an event stream that sends one event and never ends. */
 async function* events() {
   yield "data: charged\n\n";
-  await new Promise(() => {});
+  await new Promise((resolve) => subscribers.add(resolve));
 }
 
 /** The idem options of an example: $IDEM_CONFIG names the TOML file; "off" runs the service bare. */

@@ -36,7 +36,7 @@ from typing import Any, Callable, Optional, Sequence, Tuple, Type, Union
 
 from . import _native, _otel
 from ._codec import JSON, Codec
-from ._keys import KEY_ARGUMENT, Binder, args_json, field_roots, parse_key_fields
+from ._keys import KEY_ARGUMENT, Binder, args_json, default_tool, field_roots, parse_key_fields, receiver_identity
 from ._scope import Scope, current_scope
 from .errors import (
     ConfigurationError,
@@ -163,13 +163,18 @@ class _Tool:
         unknown_errors: Sequence[Type[BaseException]],
         codec: Codec,
         max_result_bytes: int,
+        instance_key: Optional[Callable[[Any], Any]] = None,
     ) -> None:
         self.fn = fn
-        self.tool = tool or getattr(fn, "__name__", None) or "tool"
+        self.tool = tool or default_tool(fn)
         self.store_arg = store
         self.scope = scope
         self.fields = parse_key_fields(key_fields)
-        self.binder = Binder(fn, field_roots(self.fields.specs) if self.fields else None)
+        self.binder = Binder(
+            fn,
+            field_roots(self.fields.specs) if self.fields else None,
+            receiver=receiver_identity(fn, self.tool, instance_key),
+        )
         if isinstance(ordinal, bool) or not isinstance(ordinal, int) or not 0 <= ordinal <= 1 << 53:
             raise ConfigurationError(f"ordinal must be an integer from 0 to 2^53, not {ordinal!r}")
         if secret is not None and not isinstance(secret, (str, bytes)):
@@ -416,10 +421,16 @@ def idempotent(
     unknown_errors: Sequence[Type[BaseException]] = (),
     codec: Codec = JSON,
     max_result_bytes: int = 1 << 20,
+    instance_key: Optional[Callable[[Any], Any]] = None,
 ) -> Any:
     """Makes ``fn`` (sync or async) run at most once per intent; see the module docstring.
 
-    - ``tool``: the name in its keys (default: the function's name).
+    - ``tool``: the name in its keys (default: the function's name; a method's is
+      ``Class.method``). A lambda or a ``functools.partial`` has no name of its own: give one.
+    - ``instance_key``: for a method, what of the instance makes the intent
+      (``instance_key=lambda self: self.account``): two instances with other accounts are
+      two intents. Required on a method that takes ``self`` (``lambda self: None`` says every
+      instance is one); a ``classmethod``'s class is keyed by its qualified name.
     - ``store``: a store URL (``sqlite:PATH``, ``memory:``, ``postgres://...``,
       ``redis://...``); default ``$IDEM_STORE`` or ``sqlite:idem.db``, the file ``idem
       inspect`` reads by default.
@@ -450,6 +461,7 @@ def idempotent(
             unknown_errors=unknown_errors,
             codec=codec,
             max_result_bytes=max_result_bytes,
+            instance_key=instance_key,
         )
         if inspect.iscoroutinefunction(f):
             return _async_wrapper(t)

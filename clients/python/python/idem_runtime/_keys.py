@@ -8,14 +8,15 @@ types (which the native side reads directly), turns them into JSON text.
 
 from __future__ import annotations
 
+import functools
 import inspect
 import json
-from typing import Any, Callable, Iterable, Mapping, Optional, Sequence, Union
+from typing import Any, Callable, Iterable, Mapping, Optional, Sequence, Tuple, Union
 
 from . import _native
 from ._codec import to_json
 from ._scope import Scope
-from .errors import KeyDerivationError
+from .errors import ConfigurationError, KeyDerivationError
 
 KEY_ARGUMENT = "idempotency_key"
 
@@ -77,6 +78,62 @@ def derive_key(
     return _native.derive_key(scope, tool, args_json(args), ordinal, secret, fields)
 
 
+def method_receiver(fn: Callable[..., Any]) -> Optional[str]:
+    """``"self"`` or ``"cls"`` when ``fn`` is a method (defined in a class body, as its
+    ``__qualname__`` says: ``Gateway.refund``, not ``outer.<locals>.refund``) whose first
+    parameter is named so; else ``None``. A plain function whose first parameter happens to be
+    called ``self`` is not a method: that argument is part of its intent."""
+    qualname = getattr(fn, "__qualname__", "")
+    parts = qualname.split(".")
+    if len(parts) < 2 or parts[-2] == "<locals>":
+        return None
+    try:
+        params = list(inspect.signature(fn).parameters)
+    except (TypeError, ValueError):
+        return None
+    return params[0] if params and params[0] in ("self", "cls") else None
+
+
+def default_tool(fn: Callable[..., Any]) -> str:
+    """The tool's name when none is given: the function's ``__name__``, a method's
+    ``Class.method`` (two classes' ``pay`` are two tools). A lambda, a ``functools.partial``
+    or a callable object has no name that says which code runs: refused."""
+    name = getattr(fn, "__name__", None)
+    if not isinstance(name, str) or name == "<lambda>" or isinstance(fn, functools.partial):
+        raise ConfigurationError(
+            f"{fn!r} has no name that tells its calls apart from other code's (a lambda, a "
+            f"partial or a callable object): give it one with tool='charge_card'"
+        )
+    if method_receiver(fn) is not None:
+        return ".".join(getattr(fn, "__qualname__").split(".")[-2:])
+    return name
+
+
+def receiver_identity(fn: Callable[..., Any], tool: str, instance_key: Optional[Callable[[Any], Any]]) -> Optional[Tuple[str, Callable[[Any], Any]]]:
+    """For a method: the name its receiver is keyed under and what of it is keyed. A
+    ``classmethod``'s class by its qualified name; an instance by ``instance_key(self)``,
+    which a method that takes ``self`` must be given: two instances configured apart
+    (``Gateway("acct_A")``, ``Gateway("acct_B")``) are two intents, and idem cannot know what
+    sets them apart."""
+    kind = method_receiver(fn)
+    if kind is None:
+        if instance_key is not None:
+            raise ConfigurationError(f"{tool}: instance_key is for a method taking self; this is not one")
+        return None
+    if kind == "cls":
+        return ("cls", lambda cls: f"{getattr(cls, '__module__', '')}.{getattr(cls, '__qualname__', repr(cls))}")
+    if instance_key is None:
+        raise ConfigurationError(
+            f"{tool} is a method: say what of the instance makes its intent, "
+            f"@idempotent(instance_key=lambda self: self.account) (two instances configured "
+            f"apart must not share keys), or instance_key=lambda self: None if every instance "
+            f"is one"
+        )
+    if not callable(instance_key):
+        raise ConfigurationError(f"{tool}: instance_key is a function of the instance, not {instance_key!r}")
+    return ("self", instance_key)
+
+
 class Binder:
     """Turns one call's positional and keyword arguments into the JSON object its key and
     fingerprint are taken over: every parameter by name, defaults applied, ``self``/``cls``
@@ -88,10 +145,20 @@ class Binder:
     of a replay. Anything else, and any call the walk cannot bind (a missing or unexpected
     argument), goes through ``Signature.bind``, which also words the ``TypeError``."""
 
-    def __init__(self, fn: Callable[..., Any], roots: Optional[Sequence[str]] = None) -> None:
-        self.signature = inspect.signature(fn)
+    def __init__(
+        self,
+        fn: Callable[..., Any],
+        roots: Optional[Sequence[str]] = None,
+        receiver: Optional[Tuple[str, Callable[[Any], Any]]] = None,
+    ) -> None:
+        # A partial's own arguments are part of every call's intent: bound against the
+        # function it wraps (partial(base, 1) and partial(base, 9) are two tools' worth).
+        self.partial = fn if isinstance(fn, functools.partial) else None
+        self.signature = inspect.signature(self.partial.func if self.partial else fn)
         params = list(self.signature.parameters.values())
-        self.skip_first = bool(params) and params[0].name in ("self", "cls")
+        # A method's receiver is keyed by what identifies it (``receiver_identity``).
+        self.receiver = receiver
+        self.skip_first = receiver is not None and bool(params)
         self.first = params[0].name if params else None
         self.takes_key = KEY_ARGUMENT in self.signature.parameters or any(
             p.kind is p.VAR_KEYWORD for p in params
@@ -103,6 +170,9 @@ class Binder:
         self.defaults = tuple((p.name, p.default) for p in params if p.default is not p.empty)
 
     def bind(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> dict:
+        if self.partial is not None:
+            args = (*self.partial.args, *args)
+            kwargs = {**self.partial.keywords, **kwargs}
         if not self.plain or len(args) > len(self.positional):
             return self.bind_slow(args, kwargs)
         out = dict(zip(self.positional, args))
@@ -117,7 +187,7 @@ class Binder:
             if len(out) < len(self.names):
                 return self.bind_slow(args, kwargs)
         if self.skip_first:
-            del out[self.first]
+            out[self.first] = self.identify(out[self.first])
         out.pop(KEY_ARGUMENT, None)
         if self.roots is not None:
             out = {k: v for k, v in out.items() if k in self.roots}
@@ -132,6 +202,7 @@ class Binder:
         out: dict = {}
         for i, (name, value) in enumerate(bound.arguments.items()):
             if i == 0 and self.skip_first:
+                out[name] = self.identify(value)
                 continue
             param = self.signature.parameters[name]
             if param.kind is param.VAR_KEYWORD:
@@ -150,6 +221,12 @@ class Binder:
         if self.roots is not None:
             out = {k: v for k, v in out.items() if k in self.roots}
         return out
+
+
+    def identify(self, receiver: Any) -> Any:
+        """What of a method's receiver is keyed (see ``receiver_identity``)."""
+        assert self.receiver is not None
+        return self.receiver[1](receiver)
 
 
 def field_roots(specs: Sequence[str]) -> list:

@@ -43,11 +43,16 @@ class Scope:
 
     @classmethod
     def from_dict(cls, data: Any) -> "Scope":
-        if not isinstance(data, dict) or data.get("format") != _FORMAT:
-            from .errors import ConfigurationError
+        """From :meth:`to_dict`'s value, the form both languages write; also the
+        ``{"idem_scope": id}`` older Node packages wrote, so a scope handed over by a
+        TypeScript agent reads here."""
+        if isinstance(data, dict) and data.get("format") == _FORMAT and isinstance(data.get("id"), str):
+            return cls(data["id"])
+        if isinstance(data, dict) and set(data) == {"idem_scope"} and isinstance(data["idem_scope"], str):
+            return cls(data["idem_scope"])
+        from .errors import ConfigurationError
 
-            raise ConfigurationError(f"not a serialised idem scope ({_FORMAT}): {data!r}")
-        return cls(data["id"])
+        raise ConfigurationError(f"not a serialised idem scope ({_FORMAT}): {data!r}")
 
     @classmethod
     def loads(cls, text: str) -> "Scope":

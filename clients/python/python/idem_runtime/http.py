@@ -151,6 +151,23 @@ def _checked(key: Optional[str]) -> Optional[str]:
     return key
 
 
+def request_intent(method: str, url: str, args: Any) -> dict:
+    """An HTTP call's intent (docs/key-derivation.md, "HTTP requests"): the method, the URL
+    without its fragment, and the JSON body, ``{"method", "url", "args"}``, as Node's
+    ``idemFetch`` keys it. Two customers' URLs with one body are two intents."""
+    return {"method": method.upper(), "url": url.split("#", 1)[0], "args": args}
+
+
+def request_key_fields(fields: Optional[Sequence[str]]) -> Optional[list]:
+    """Key fields named over the body (``order.id``, ``/order/id``) as they stand in
+    :func:`request_intent`'s object, with the method and the URL."""
+    if fields is None:
+        return None
+    if isinstance(fields, str):
+        fields = [fields]
+    return ["method", "url", *(f"/args{f}" if f.startswith("/") else f"args.{f}" for f in fields)]
+
+
 def _is_json(request: httpx.Request) -> bool:
     kind = request.headers.get("content-type", "").split(";", 1)[0].strip().lower()
     return kind == "application/json" or kind.endswith("+json")
@@ -252,10 +269,10 @@ class _Call:
         return derive_key(
             chosen,
             wanted.tool,
-            {} if parsed is None else parsed,
+            request_intent(self.request.method, str(self.request.url), parsed),
             ordinal=wanted.ordinal,
             secret=self.config.secret,
-            key_fields=wanted.key_fields,
+            key_fields=request_key_fields(wanted.key_fields),
         )
 
     def _keyed(self, parsed: Any, body: bytes) -> httpx.Request:
