@@ -134,3 +134,23 @@ test("reads carry no key and are retried", async (t) => {
   assert.equal(res.status, 200);
   assert.deepEqual(seen.map((s) => s.key), [undefined, undefined]);
 });
+
+test("a request's method and URL are part of its intent: two customers' URLs with one body get two keys (issue 60)", async (t) => {
+  const { url, seen } = await server(t, [201]);
+  const base = url.replace(/\/charge_card$/, "");
+  const body = { amount_cents: 100 };
+  const sleep = recorder().sleep;
+  const send = (path, method = "POST", args = body) =>
+    withScope("run-60", () => idemFetch(`${base}${path}`, { method, idem: { tool: "charge", args, sleep } }));
+  await send("/v1/customers/cus_1/charges");
+  await send("/v1/customers/cus_2/charges");
+  await send("/v1/charges?customer=cus_3");
+  await send("/v1/charges?customer=cus_4");
+  await send("/orders/o_1/cancel", "POST", undefined);
+  await send("/orders/o_2/cancel", "POST", undefined);
+  const keys = seen.map((s) => s.key);
+  assert.equal(new Set(keys).size, keys.length, keys.join(" "));
+  // One intent sent twice keeps its key.
+  await send("/v1/charges?customer=cus_3");
+  assert.equal(seen.at(-1).key, keys[2]);
+});

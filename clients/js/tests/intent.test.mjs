@@ -3,10 +3,16 @@
 // never the key), and one intent keeps one key (written another way, in another language).
 import { test } from "node:test";
 import assert from "node:assert/strict";
+import { mkdtempSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
 
 import { DeriveError, KeyDerivationError, Scope, deriveKey, idempotent, withScope } from "../index.js";
 import { requestIntent } from "../fetch.js";
 import { intentJson } from "../intent.js";
+
+/** A real store, a file of its own: the high cases show one execution per intent there. */
+const sqlite = () => `sqlite:${join(mkdtempSync(join(tmpdir(), "idem-intent-")), "idem.db")}`;
 
 class Card {
   #number;
@@ -45,7 +51,7 @@ test("values JSON would coerce are refused, naming where they are (items 1, 6)",
 
   // Nothing ran for a refused call.
   let runs = 0;
-  const ship = idempotent(async (args) => ++runs, { tool: "ship", store: "memory:", scope: "run_ship" });
+  const ship = idempotent(async (args) => ++runs, { tool: "ship", store: sqlite(), scope: "run_ship" });
   await assert.rejects(ship({ order: "o1", skus: new Set(["sku_1"]) }), KeyDerivationError);
   assert.equal(runs, 0);
 });
@@ -99,7 +105,7 @@ test("different intents, different keys; one intent written another way, one key
 
 test("the runtime owns the key: a model-written idempotency_key is neither the key nor the intent (item 3)", async () => {
   const seen = [];
-  const charge = idempotent(async (args) => (seen.push(args), { charged: args.customer }), { tool: "charge", store: "memory:" });
+  const charge = idempotent(async (args) => (seen.push(args), { charged: args.customer }), { tool: "charge", store: sqlite() });
   const first = await withScope("run_42", () => charge({ customer: "cus_1", amount: 5, idempotency_key: "k-first" }));
   const second = await withScope("run_42", () => charge({ customer: "cus_1", amount: 5, idempotency_key: "k-second" }));
   assert.deepEqual([first, second], [{ charged: "cus_1" }, { charged: "cus_1" }]);

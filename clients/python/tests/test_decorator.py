@@ -256,13 +256,15 @@ class ExplicitKeyAndScope(unittest.TestCase):
     def test_a_method_keys_what_its_instance_says(self):
         """Issue 60, item 2: two instances configured apart are two intents; two classes'
         same-named methods are two tools; a method taking self needs instance_key."""
+        db = os.path.join(tempfile.mkdtemp(), "idem.db")
 
         class Gateway:
             def __init__(self, account):
                 self.account = account
                 self.runs = 0
 
-            @idempotent(store="memory:", scope=unique(), instance_key=lambda self: self.account)
+            # Through a real store, a file: one execution per intent.
+            @idempotent(store=f"sqlite:{db}", scope=unique(), instance_key=lambda self: self.account)
             def refund(self, charge: str) -> str:
                 self.runs += 1
                 return f"{self.account}:{charge}"
@@ -277,12 +279,12 @@ class ExplicitKeyAndScope(unittest.TestCase):
         run = unique()
 
         class Stripe:
-            @idempotent(store="memory:", scope=run, instance_key=lambda self: None)
+            @idempotent(store=f"sqlite:{db}", scope=run, instance_key=lambda self: None)
             def pay(self, customer: str, amount: int) -> dict:
                 return {"psp": "stripe"}
 
         class Paypal:
-            @idempotent(store="memory:", scope=run, instance_key=lambda self: None)
+            @idempotent(store=f"sqlite:{db}", scope=run, instance_key=lambda self: None)
             def pay(self, customer: str, amount: int) -> dict:
                 return {"psp": "paypal"}
 

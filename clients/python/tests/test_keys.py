@@ -304,3 +304,44 @@ class ScopeHandOff(unittest.TestCase):
         for bad in ['{"id":"x"}', '{"idem_scope":7}', "[]"]:
             with self.assertRaises(ConfigurationError):
                 Scope.loads(bad)
+
+
+class FaithfulValues(unittest.TestCase):
+    """Issue 60, items 10 and 12-22 (Python): what JSON would merge is refused, a set's key
+    does not depend on the process, and the tool's own key_for gives the key its call gets."""
+
+    def test_what_json_would_merge_is_refused(self):
+        import decimal
+
+        for bad in [{"m": {1: "a"}}, {"m": {1: "a", "1": "b"}}, {"d": decimal.Decimal("NaN")}, {"d": decimal.Decimal("-Infinity")}]:
+            with self.assertRaises(KeyDerivationError, msg=repr(bad)):
+                derive_key("run", "t", bad)
+
+    def test_a_sets_key_is_the_same_in_every_process(self):
+        import subprocess
+        import sys
+
+        code = (
+            "from idem_runtime import derive_key;"
+            "print(derive_key('r', 't', {'s': {frozenset({'a', 'b'}), frozenset({'c'}), frozenset({'d', 'e'})}, 'w': {'x', 'y', 'z'}}))"
+        )
+        keys = {
+            subprocess.run([sys.executable, "-c", code], env={**os.environ, "PYTHONHASHSEED": str(seed)}, capture_output=True, text=True, check=True).stdout
+            for seed in (1, 2, 3, 4)
+        }
+        self.assertEqual(len(keys), 1, keys)
+
+    def test_key_for_is_the_key_a_call_gets_defaults_and_all(self):
+        from idem_runtime import scope
+
+        @idempotent(store="memory:")
+        def charge(customer: str, amount: int, note: str = "") -> int:
+            return 1
+
+        with scope("run_10"):
+            key = charge.key_for("cus_1", 4900)
+            _, outcome = charge.call_with_outcome("cus_1", 4900)
+        self.assertEqual(key, outcome.key)
+        # A dict written without the default is another intent's key: key_for is the one.
+        self.assertEqual(key, derive_key("run_10", "charge", {"customer": "cus_1", "amount": 4900, "note": ""}))
+        self.assertNotEqual(key, derive_key("run_10", "charge", {"customer": "cus_1", "amount": 4900}))

@@ -36,7 +36,7 @@ from typing import Any, Callable, Optional, Sequence, Tuple, Type, Union
 
 from . import _native, _otel
 from ._codec import JSON, Codec
-from ._keys import KEY_ARGUMENT, Binder, args_json, default_tool, field_roots, parse_key_fields, receiver_identity
+from ._keys import KEY_ARGUMENT, Binder, args_json, default_tool, derive_key, field_roots, parse_key_fields, receiver_identity
 from ._scope import Scope, current_scope
 from .errors import (
     ConfigurationError,
@@ -251,6 +251,17 @@ class _Tool:
             sid = self.scope_id(bound)
         start = [explicit, sid, self.tool, bound, self.ordinal, self.secret, self.fields, self.policy]
         return start, args, kwargs
+
+    def key_for(self, args: tuple, kwargs: dict) -> str:
+        """The key a call with these arguments is given, without calling it: bound as the
+        call binds them (defaults filled in, the receiver keyed), in the scope the call would
+        use. What a supervisor hands a worker, or checks a log against: ``derive_key`` over
+        a dict it wrote itself misses the defaults the call fills in, and is another key."""
+        start, _args, _kwargs = self.prepare(args, kwargs)
+        explicit, sid, tool, bound = start[0], start[1], start[2], start[3]
+        if explicit is not None:
+            return explicit
+        return derive_key(sid, tool, bound, ordinal=self.ordinal, secret=self.secret, key_fields=self.fields.specs if self.fields else None)
 
     # -- answers that did not run the function ---------------------------------------------
 
@@ -504,6 +515,7 @@ def _sync_wrapper(t: _Tool) -> Callable[..., Any]:
         return run(args, kwargs, False)
 
     wrapper.call_with_outcome = call_with_outcome  # type: ignore[attr-defined]
+    wrapper.key_for = lambda *args, **kwargs: t.key_for(args, kwargs)  # type: ignore[attr-defined]
     wrapper.idem_tool = t  # type: ignore[attr-defined]
     return wrapper
 
@@ -586,6 +598,7 @@ def _async_wrapper(t: _Tool) -> Callable[..., Any]:
         return (await call_with_outcome(*args, **kwargs))[0]
 
     wrapper.call_with_outcome = call_with_outcome  # type: ignore[attr-defined]
+    wrapper.key_for = lambda *args, **kwargs: t.key_for(args, kwargs)  # type: ignore[attr-defined]
     wrapper.idem_tool = t  # type: ignore[attr-defined]
     return wrapper
 

@@ -8,6 +8,7 @@ types (which the native side reads directly), turns them into JSON text.
 
 from __future__ import annotations
 
+import decimal
 import functools
 import inspect
 import json
@@ -24,13 +25,47 @@ KEY_ARGUMENT = "idempotency_key"
 # One encoder for every call (``json.dumps`` with options builds one per call). ASCII only, so
 # a lone surrogate reaches the derivation as an escape it can name instead of failing to
 # cross into Rust; no NaN or infinity, which JSON does not have.
+def _key_default(value: Any) -> Any:
+    """``to_json`` for a key: stricter where a result's encoding may be lenient. A set is
+    ordered by its members' canonical JSON text (``repr`` order changes with
+    ``PYTHONHASHSEED`` for a set of frozensets or strings: one intent, a key per process); a
+    ``Decimal`` that is not finite is refused, as a float NaN is."""
+    if isinstance(value, (set, frozenset)):
+        return sorted(value, key=lambda member: _SORTING.encode(member))
+    if isinstance(value, decimal.Decimal) and not value.is_finite():
+        raise ValueError(f"Decimal({str(value)!r}) is not a finite number")
+    return to_json(value)
+
+
 _ENCODER = json.JSONEncoder(
-    default=to_json, ensure_ascii=True, allow_nan=False, separators=(",", ":")
+    default=_key_default, ensure_ascii=True, allow_nan=False, separators=(",", ":")
+)
+# Members' text to order a set by: canonical enough that equal members sort equal.
+_SORTING = json.JSONEncoder(
+    default=_key_default, ensure_ascii=True, allow_nan=False, separators=(",", ":"), sort_keys=True
 )
 
 
+def _string_keys(value: Any, path: str = "arguments") -> None:
+    """Refuses a ``dict`` key that is not a string: JSON writes ``{1: "a"}`` as ``{"1": "a"}``,
+    the same intent as ``{"1": "a"}``, and drops one of ``{1: "a", "1": "b"}``."""
+    if isinstance(value, dict):
+        for k, v in value.items():
+            if not isinstance(k, str):
+                raise KeyDerivationError(
+                    f"no key can be derived: {path} has the key {k!r}, which is not a string (JSON "
+                    f"would write it as {json.dumps(str(k))}, the same as that string); use string keys"
+                )
+            _string_keys(v, f"{path}.{k}")
+    elif isinstance(value, (list, tuple)):
+        for i, v in enumerate(value):
+            _string_keys(v, f"{path}[{i}]")
+
+
 def args_json(args: Any) -> str:
-    """Arguments as JSON text for the native side."""
+    """Arguments as JSON text for the native side (the path of values that are not plain
+    ``dict``/``list``/``str``/number types, which the native side reads directly)."""
+    _string_keys(args)
     try:
         return _ENCODER.encode(args)
     except (TypeError, ValueError, RecursionError) as e:
