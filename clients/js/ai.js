@@ -1,6 +1,8 @@
 // The Vercel AI SDK (`ai`): withIdempotency(tool({...}), { tool: "name", scope }) makes a tool's
 // execute retry-safe. The scope comes from the caller (an option, a function of the execute
 // call, or withScope), never from the toolCallId alone: a model asked again calls with a new id.
+// An `idempotency_key` the model writes is neither the key nor the intent (idempotent() leaves
+// it out and hands execute the derived key), as in the LangChain and Mastra adapters.
 //
 // The AI SDK hands every error a tool's execute throws to the model as a `tool-error` result and
 // goes on; nothing fails the run. So idem's refusals that no model can fix (no scope, a bad store

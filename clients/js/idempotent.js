@@ -152,6 +152,14 @@ export function idempotent(fn, options = {}) {
   }
   const tool = options.tool ?? fn.name;
   if (!tool) throw new ConfigurationError("the function has no name: pass idempotent(fn, { tool: 'charge_card' })");
+  if (typeof tool !== "string" || !tool.isWellFormed()) {
+    throw new ConfigurationError(`the tool name ${JSON.stringify(tool)} is not a string of Unicode text (a lone surrogate?)`);
+  }
+  const fields = options.keyFields === undefined ? [] : [].concat(options.keyFields);
+  if (fields.some((f) => String(f).replace(/^\//, "").split(/[./]/)[0] === KEY_ARGUMENT)) {
+    // The key argument is never part of the intent: keyed on it, every call shares one key.
+    throw new ConfigurationError(`keyFields name ${KEY_ARGUMENT}, which is never part of an intent; name the arguments that make it`);
+  }
   const codec = options.codec ?? jsonCodec;
   if (typeof codec.encode !== "function" || typeof codec.decode !== "function" || typeof codec.mediaType !== "string") {
     throw new ConfigurationError("a codec is { mediaType, encode(value) -> Uint8Array | string, decode(Uint8Array) -> value }");

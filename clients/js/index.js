@@ -19,6 +19,8 @@ export function deriveKey(scope, tool, args, options) {
   // as a Scope (`{ format: "idem-scope/v1", id }`, `{ idem_scope }`) or refused: never
   // String(scope), which named every object scope "[object Object]".
   const id = typeof scope === "string" ? scope : Scope.from(scope).id;
+  // napi would turn a lone surrogate into U+FFFD: two scopes, one key.
+  if (!id.isWellFormed() || !tool.isWellFormed()) throw new DeriveError("the scope or tool has a lone surrogate, which is not Unicode text");
   let text;
   try {
     text = intentJson(args);

@@ -9,7 +9,7 @@ const context = new AsyncLocalStorage();
 /** A scope id: the run, thread, task or business id that, with the arguments, makes a key. */
 export class Scope {
   constructor(id) {
-    if (typeof id !== "string" || id === "") {
+    if (typeof id !== "string" || id === "" || !id.isWellFormed()) {
       throw new TypeError(`a scope is a non-empty string (a run, thread, task or order id), not ${JSON.stringify(id)}`);
     }
     this.id = id;

@@ -151,3 +151,13 @@ test("an HTTP call's intent is its method, URL and body (item 4)", () => {
   // The key Python's IdempotentTransport derives for this request (clients/python/tests/test_keys.py).
   assert.equal(keys[2], "run_60-charge-3k6bmxk6kiujd3eet5jubprgzl7fnclj");
 });
+
+test("a lone surrogate in a scope or tool, or the key argument as a key field, is refused", () => {
+  assert.throws(() => deriveKey("run\ud800", "t", {}), DeriveError);
+  assert.throws(() => deriveKey("run", "t\udc00", {}), DeriveError);
+  assert.throws(() => new Scope("run\ud800"), TypeError);
+  assert.throws(() => idempotent(async () => 1, { tool: "t\ud800", store: "memory:" }), /lone surrogate/);
+  for (const keyFields of [["idempotency_key"], ["/idempotency_key"], ["customer", "idempotency_key.x"]]) {
+    assert.throws(() => idempotent(async () => 1, { tool: "t", store: "memory:", keyFields }), /never part of an intent/, keyFields.join());
+  }
+});

@@ -345,3 +345,76 @@ class FaithfulValues(unittest.TestCase):
         # A dict written without the default is another intent's key: key_for is the one.
         self.assertEqual(key, derive_key("run_10", "charge", {"customer": "cus_1", "amount": 4900, "note": ""}))
         self.assertNotEqual(key, derive_key("run_10", "charge", {"customer": "cus_1", "amount": 4900}))
+
+
+class RefusedAtTheSource(unittest.TestCase):
+    def test_lone_surrogates_and_the_key_argument_as_a_field(self):
+        from idem_runtime import ConfigurationError
+
+        for scope_, tool in [("run\ud800", "t"), ("run", "t\udc00")]:
+            with self.assertRaises(KeyDerivationError):
+                derive_key(scope_, tool, {})
+        with self.assertRaises(KeyDerivationError):
+            idempotent(lambda: None, tool="t\ud800", store="memory:")
+        for fields in (["idempotency_key"], ["/idempotency_key"], ["customer", "idempotency_key.x"]):
+            with self.assertRaises(ConfigurationError, msg=fields):
+                derive_key("run", "t", {"customer": "c"}, key_fields=fields)
+        with self.assertRaises(TypeError):
+            derive_key(None, "t", {})
+
+
+class IntentProperties(unittest.TestCase):
+    """Issue 60's property in Python: over random intents, different intents (values, types,
+    tools, receivers, targets) get different keys; one intent written another way (keyword or
+    positional, members in another order) keeps one."""
+
+    def test_over_random_intents(self):
+        from idem_runtime import scope
+        from idem_runtime.http import request_intent
+
+        rng = random.Random(60)
+
+        def value(depth=0):
+            r = rng.random()
+            if depth > 2 or r < 0.3:
+                return rng.randrange(1000)
+            if r < 0.45:
+                return f"s{rng.randrange(1000)}"
+            if r < 0.55:
+                return rng.random() < 0.5
+            if r < 0.6:
+                return None
+            if r < 0.8:
+                return [value(depth + 1) for _ in range(rng.randrange(3))]
+            return {f"k{i}": value(depth + 1) for i in range(rng.randrange(3))}
+
+        class Account:
+            def __init__(self, name):
+                self.name = name
+
+            @idempotent(store="memory:", instance_key=lambda self: self.name)
+            def pay(self, a, b=None):
+                return None
+
+        @idempotent(store="memory:")
+        def pay(a, b=None):
+            return None
+
+        seen = {}
+        with scope("run_prop"):
+            for _ in range(300):
+                a, b = value(), value()
+                text = json.dumps([a, b], sort_keys=True)
+                key = pay.key_for(a, b)
+                self.assertEqual(pay.key_for(b=b, a=a), key)
+                if isinstance(a, dict):
+                    self.assertEqual(pay.key_for(dict(reversed(list(a.items()))), b), key)
+                if key in seen:
+                    self.assertEqual(seen[key], text, "two intents shared a key")
+                seen[key] = text
+                self.assertNotEqual(Account.pay.key_for(Account("x"), a, b), key)
+                self.assertNotEqual(Account.pay.key_for(Account("x"), a, b), Account.pay.key_for(Account("y"), a, b))
+                self.assertNotEqual(
+                    derive_key("run_prop", "pay", request_intent("POST", "https://h/a", a)),
+                    derive_key("run_prop", "pay", request_intent("POST", "https://h/b", a)),
+                )

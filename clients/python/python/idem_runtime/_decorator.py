@@ -36,7 +36,7 @@ from typing import Any, Callable, Optional, Sequence, Tuple, Type, Union
 
 from . import _native, _otel
 from ._codec import JSON, Codec
-from ._keys import KEY_ARGUMENT, Binder, args_json, default_tool, derive_key, field_roots, parse_key_fields, receiver_identity
+from ._keys import KEY_ARGUMENT, Binder, args_json, default_tool, derive_key, field_roots, parse_key_fields, receiver_identity, well_formed
 from ._scope import Scope, current_scope
 from .errors import (
     ConfigurationError,
@@ -167,6 +167,7 @@ class _Tool:
     ) -> None:
         self.fn = fn
         self.tool = tool or default_tool(fn)
+        well_formed("tool name", self.tool)
         self.store_arg = store
         self.scope = scope
         self.fields = parse_key_fields(key_fields)

@@ -65,9 +65,11 @@ def _string_keys(value: Any, path: str = "arguments") -> None:
 def args_json(args: Any) -> str:
     """Arguments as JSON text for the native side (the path of values that are not plain
     ``dict``/``list``/``str``/number types, which the native side reads directly)."""
-    _string_keys(args)
     try:
+        _string_keys(args)
         return _ENCODER.encode(args)
+    except KeyDerivationError:
+        raise
     except (TypeError, ValueError, RecursionError) as e:
         raise KeyDerivationError(
             f"the arguments cannot be part of a key ({e}); make them JSON, or name the ones that "
@@ -80,7 +82,25 @@ def parse_key_fields(fields: Union[None, str, Iterable[str]]) -> Optional[_nativ
         return None
     if isinstance(fields, str):
         fields = [fields]
-    return _native.KeyFields(list(fields))
+    fields = list(fields)
+    named = [f for f in fields if f.lstrip("/").split("/" if f.startswith("/") else ".", 1)[0] == KEY_ARGUMENT]
+    if named:
+        # The key argument is never part of the intent: keyed on it, every call would be
+        # keyed on nothing and share one key.
+        raise ConfigurationError(
+            f"key_fields name {KEY_ARGUMENT} ({named[0]!r}), which is never part of an intent; "
+            f"name the arguments that make it (customer, amount_cents, ...)"
+        )
+    return _native.KeyFields(fields)
+
+
+def well_formed(what: str, text: str) -> None:
+    """A scope or a tool name with a lone surrogate is not Unicode text (the derivation's
+    rule for arguments, docs/key-derivation.md): refused as such, not as an encoding error."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise KeyDerivationError(f"no key can be derived: the {what} {text!r} has a lone surrogate, which is not Unicode text") from None
 
 
 def derive_key(
@@ -100,6 +120,10 @@ def derive_key(
     """
     if isinstance(scope, Scope):
         scope = scope.id
+    if not isinstance(scope, str):
+        raise TypeError(f"a scope is a Scope or a non-empty string, not {scope!r}")
+    well_formed("scope", scope)
+    well_formed("tool name", tool)
     if isinstance(secret, str):
         secret = secret.encode()
     if isinstance(ordinal, bool) or not isinstance(ordinal, int) or ordinal < 0:
