@@ -48,16 +48,31 @@ export function canonical(value) {
       throw new DeriveError(`integer ${value} is beyond 2^53; JCS cannot carry it exactly (send it as a string)`);
     case "string":
       return string(value);
-    case "object":
-      if (Array.isArray(value)) return "[" + value.map(canonical).join(",") + "]";
+    case "object": {
+      if (Array.isArray(value)) {
+        const items = [];
+        for (let i = 0; i < value.length; i++) {
+          if (!(i in value) || value[i] === undefined) throw new DeriveError(`array item ${i} is missing or undefined, not a JSON value`);
+          items.push(canonical(value[i]));
+        }
+        return "[" + items.join(",") + "]";
+      }
+      // A JSON object only: a Date, Map, Set, Buffer or class instance is not one (each was
+      // written "{}" here, while the package's deriveKey refuses them or uses toJSON()).
+      const proto = Object.getPrototypeOf(value);
+      if (proto !== Object.prototype && proto !== null) {
+        throw new DeriveError(`${value.constructor?.name ?? "this object"} is not a JSON value; pass plain data`);
+      }
       return (
         "{" +
         Object.keys(value)
+          .filter((k) => value[k] !== undefined) // absent, as JSON.stringify leaves it
           .sort() // UTF-16 code units, as RFC 8785 requires
           .map((k) => string(k) + ":" + canonical(value[k]))
           .join(",") +
         "}"
       );
+    }
     default:
       throw new DeriveError(`${typeof value} is not a JSON value`);
   }
