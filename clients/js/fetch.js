@@ -5,7 +5,7 @@
 // jitter; Retry-After honoured; 400/422 and other 4xx never retried; a side-effecting call
 // without a key never retried once it may have been sent.
 import { deriveFromJson } from "./derive.js";
-import { IdemError } from "./errors.js";
+import { IdemError, KeyDerivationError } from "./errors.js";
 import { intentJson } from "./intent.js";
 import { resolveScope } from "./scope.js";
 
@@ -81,6 +81,22 @@ export function requestKeyFields(fields) {
   return ["method", "url", ...list.map((f) => (f.startsWith("/") ? `/args${f}` : `args.${f}`))];
 }
 
+/** A `body` given without `idem.args`, as the arguments its key is derived from. */
+function bodyArgs(body, tool) {
+  if (body === undefined || body === null) return null;
+  if (typeof body === "string") {
+    try {
+      return JSON.parse(body);
+    } catch {
+      // Not JSON: refused below.
+    }
+  }
+  throw new KeyDerivationError(
+    `${tool}: the key is derived from a JSON body, and this body is not one (a form, bytes or a stream); ` +
+      "give the JSON as idem.args, or the key as idem.key; nothing was sent",
+  );
+}
+
 export async function idemFetch(input, init = {}) {
   const { idem = {}, ...rest } = init;
   const cls = idem.class ?? "effect";
@@ -94,15 +110,21 @@ export async function idemFetch(input, init = {}) {
   const sleep = idem.sleep ?? sleepMs;
   const now = idem.now ?? Date.now;
   const tool = idem.tool ?? new URL(String(input)).pathname.split("/").filter(Boolean).pop() ?? "request";
+  if (idem.args !== undefined && rest.body !== undefined && rest.body !== null) {
+    throw new TypeError("idemFetch: give the request's JSON as idem.args (it is sent as the body and keyed) or as body, not both");
+  }
 
   // The key: once per intent, here, before the first attempt.
   let key = null;
   if (cls === "effect") {
     if (idem.key !== undefined) key = idem.key;
     else {
-      // A bodiless request (POST /orders/o_1/cancel) is keyed on its method and URL alone.
-      const scope = resolveScope(idem.scope, idem.args, [], tool);
-      key = deriveFromJson(scope.id, tool, requestIntent(input, rest.method, idem.args ?? null), {
+      // A bodiless request (POST /orders/o_1/cancel) is keyed on its method and URL alone; a
+      // body given as `body` is keyed as its JSON, and one that is not JSON is refused: a key
+      // that left it out would be one key for every body sent to the URL.
+      const args = idem.args !== undefined ? idem.args : bodyArgs(rest.body, tool);
+      const scope = resolveScope(idem.scope, args, [], tool);
+      key = deriveFromJson(scope.id, tool, requestIntent(input, rest.method, args), {
         ...idem,
         keyFields: requestKeyFields(idem.keyFields),
       });

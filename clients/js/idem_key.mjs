@@ -15,7 +15,12 @@ const LABEL_MAX = 48;
 const DIGEST_BYTES = 20; // 160 bits, 32 base32 characters
 const B32 = "abcdefghijklmnopqrstuvwxyz234567";
 
-export class DeriveError extends Error {}
+export class DeriveError extends Error {
+  constructor(message, options) {
+    super(message, options);
+    this.name = "DeriveError";
+  }
+}
 
 function number(x) {
   if (!Number.isFinite(x)) throw new DeriveError(`number ${x} is not finite`);

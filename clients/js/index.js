@@ -18,7 +18,9 @@ export function deriveKey(scope, tool, args, options) {
   // A string is the id itself (the derivation says which are valid); any other form is read
   // as a Scope (`{ format: "idem-scope/v1", id }`, `{ idem_scope }`) or refused: never
   // String(scope), which named every object scope "[object Object]".
-  const id = typeof scope === "string" ? scope : Scope.from(scope).id;
+  // A string is the id itself, unless it is a serialised scope (JSON.stringify(scope), Python's
+  // Scope.dumps()), which is read as one rather than taken for an id.
+  const id = typeof scope === "string" && !isSerialisedScope(scope) ? scope : Scope.from(scope).id;
   // napi would turn a lone surrogate into U+FFFD: two scopes, one key.
   if (!id.isWellFormed() || !tool.isWellFormed()) throw new DeriveError("the scope or tool has a lone surrogate, which is not Unicode text");
   let text;
@@ -28,6 +30,16 @@ export function deriveKey(scope, tool, args, options) {
     throw new DeriveError(e.message);
   }
   return deriveFromJson(id, tool, text, options);
+}
+
+function isSerialisedScope(text) {
+  if (!text.startsWith("{")) return false;
+  try {
+    Scope.from(JSON.parse(text));
+    return true;
+  } catch {
+    return false;
+  }
 }
 
 /** As deriveKey, from JSON text (integers beyond 2^53 in the text are an error, not a rounding). */

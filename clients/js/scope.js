@@ -46,8 +46,10 @@ export class Scope {
       return new Scope(value);
     }
     if (value && typeof value === "object") {
-      if (value.format === "idem-scope/v1" && typeof value.id === "string") return new Scope(value.id);
-      if (typeof value.idem_scope === "string") return new Scope(value.idem_scope);
+      // Exactly these members: another member would be a form this code does not know.
+      const keys = Object.keys(value).sort().join(",");
+      if (keys === "format,id" && value.format === "idem-scope/v1" && typeof value.id === "string") return new Scope(value.id);
+      if (keys === "idem_scope" && typeof value.idem_scope === "string") return new Scope(value.idem_scope);
     }
     throw new TypeError(
       `not an idem scope: ${value === undefined ? "undefined" : JSON.stringify(value)}; a scope is a Scope, a non-empty id, or { "format": "idem-scope/v1", "id": "<id>" }`,

@@ -172,7 +172,9 @@ def python_bin(tool: str) -> str:
 
 def frontends() -> List[Frontend]:
     uvicorn = [python_bin("uvicorn"), "--host", "127.0.0.1", "--port", "{port}", "--no-access-log"]
-    gunicorn = [python_bin("gunicorn"), "-b", "127.0.0.1:{port}", "--workers", "1", "--threads", "16", "--access-logfile", "/dev/null"]
+    # --preload: the app (and the middleware, with its store) is made before the worker forks,
+    # as many deployments run it; a SQLite store must then be opened in the worker.
+    gunicorn = [python_bin("gunicorn"), "-b", "127.0.0.1:{port}", "--workers", "1", "--threads", "16", "--preload", "--access-logfile", "/dev/null"]
     node = ["node"]
     return [
         # In front of the Express service: uvicorn closes a connection after an exception that

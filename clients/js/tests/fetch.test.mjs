@@ -154,3 +154,20 @@ test("a request's method and URL are part of its intent: two customers' URLs wit
   await send("/v1/charges?customer=cus_3");
   assert.equal(seen.at(-1).key, keys[2]);
 });
+
+test("a JSON body given as body is keyed; a body that is not JSON, or body and idem.args together, are refused before anything is sent", async (t) => {
+  const { url, seen } = await server(t, [201]);
+  const sleep = recorder().sleep;
+  const send = (body) => withScope("run-60b", () => idemFetch(url, { method: "POST", body, headers: { "content-type": "application/json" }, idem: { tool: "charge", sleep } }));
+  await send(JSON.stringify({ amount_cents: 100 }));
+  await send(JSON.stringify({ amount_cents: 200 }));
+  assert.notEqual(seen[0].key, seen[1].key, "two bodies, two keys");
+  await send(JSON.stringify({ amount_cents: 100 }));
+  assert.equal(seen[2].key, seen[0].key);
+  await assert.rejects(send("a=1"), /not one/);
+  await assert.rejects(
+    withScope("run-60b", () => idemFetch(url, { method: "POST", body: "{}", idem: { tool: "charge", args: { a: 1 }, sleep } })),
+    /not both/,
+  );
+  assert.equal(seen.length, 3, "nothing sent for a refused call");
+});

@@ -161,3 +161,13 @@ test("a lone surrogate in a scope or tool, or the key argument as a key field, i
     assert.throws(() => idempotent(async () => 1, { tool: "t", store: "memory:", keyFields }), /never part of an intent/, keyFields.join());
   }
 });
+
+test("a serialised scope given as text is read as the scope, and a scope object with other members is refused", () => {
+  const want = deriveKey("order_7", "charge", { a: 1 });
+  assert.equal(deriveKey(JSON.stringify(new Scope("order_7")), "charge", { a: 1 }), want);
+  assert.equal(deriveKey('{"idem_scope":"order_7"}', "charge", { a: 1 }), want);
+  assert.notEqual(deriveKey("{not json", "charge", { a: 1 }), want);
+  assert.throws(() => deriveKey({ idem_scope: "order_7", extra: 1 }, "charge", {}), TypeError);
+  assert.throws(() => deriveKey({ format: "idem-scope/v2", id: "x" }, "charge", {}), TypeError);
+  assert.equal(new DeriveError("x").name, "DeriveError");
+});

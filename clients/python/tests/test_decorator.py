@@ -297,6 +297,23 @@ class ExplicitKeyAndScope(unittest.TestCase):
                 def send(self, to: str) -> None:
                     return None
 
+    def test_static_methods_of_two_classes_are_two_tools(self):
+        run = unique()
+
+        class Stripe:
+            @staticmethod
+            @idempotent(store="memory:", scope=run)
+            def refund(charge: str) -> str:
+                return f"stripe {charge}"
+
+        class Adyen:
+            @staticmethod
+            @idempotent(store="memory:", scope=run)
+            def refund(charge: str) -> str:
+                return f"adyen {charge}"
+
+        self.assertEqual((Stripe.refund("ch_1"), Adyen.refund("ch_1")), ("stripe ch_1", "adyen ch_1"))
+
     def test_a_function_named_with_self_keeps_it(self):
         """Item 8: only a real method's receiver is set apart; a plain function's first
         argument named self is part of its intent."""

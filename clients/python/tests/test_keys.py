@@ -418,3 +418,16 @@ class IntentProperties(unittest.TestCase):
                     derive_key("run_prop", "pay", request_intent("POST", "https://h/a", a)),
                     derive_key("run_prop", "pay", request_intent("POST", "https://h/b", a)),
                 )
+
+
+class ScopeForms(unittest.TestCase):
+    def test_derive_key_reads_every_serialised_form(self):
+        want = derive_key("order_7", "charge", {"a": 1})
+        for form in ({"format": "idem-scope/v1", "id": "order_7"}, {"idem_scope": "order_7"}, Scope("order_7").dumps(), '{"idem_scope":"order_7"}', Scope("order_7")):
+            self.assertEqual(derive_key(form, "charge", {"a": 1}), want, form)
+        # An id that merely starts with "{" is an id.
+        self.assertNotEqual(derive_key("{not json", "charge", {"a": 1}), want)
+        from idem_runtime import ConfigurationError
+
+        with self.assertRaises(ConfigurationError):
+            derive_key({"idem_scope": "x", "extra": 1}, "charge", {})

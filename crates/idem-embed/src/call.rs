@@ -125,6 +125,34 @@ impl Store {
         Ok(store)
     }
 
+    /// As [`Store::open`], except that a SQLite file is only checked (its URL, and that its
+    /// folder exists), not opened: it is opened by the first call, in the process that makes
+    /// it. For a value made before a server forks its workers (`gunicorn --preload`, Node's
+    /// cluster): SQLite's locks do not survive `fork()`, so a worker of a process that had the
+    /// file open is refused it ([`EmbedError::ForkedSqlite`]); opened in each worker, it
+    /// works. PostgreSQL and Redis are opened now, as their workers connect anew anyway.
+    pub fn checked(url: &str) -> Result<Self, EmbedError> {
+        let parsed: StoreUrl = url.parse()?;
+        let StoreUrl::Sqlite { path, .. } = &parsed else {
+            return Self::open(url);
+        };
+        let folder = match path.parent() {
+            Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+            _ => std::path::PathBuf::from("."),
+        };
+        if !folder.is_dir() {
+            return Err(EmbedError::Value(format!(
+                "the SQLite store's folder {} does not exist; create it, or name a file in an existing folder",
+                folder.display()
+            )));
+        }
+        Ok(Store {
+            url: url.to_owned(),
+            bound: Arc::new(Mutex::new(None)),
+            made_in: std::process::id(),
+        })
+    }
+
     /// This process's host and engine for the URL: the cached pair, or (first call, or first
     /// call after a fork) the host's.
     fn bound(&self) -> Result<Bound, EmbedError> {

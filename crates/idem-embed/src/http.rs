@@ -186,13 +186,16 @@ pub fn config_of(
 }
 
 impl HttpFront {
-    /// The core over `config`, keeping records in the store at `url` (opened now, so a wrong
-    /// URL fails here and not at the first request).
+    /// The core over `config`, keeping records in the store at `url`: checked now, so a
+    /// wrong URL fails here and not at the first request; a PostgreSQL or Redis store is
+    /// connected to now, a SQLite file opened by the first request of the process that
+    /// serves ([`Store::checked`]: a server that loads the app before forking its workers,
+    /// `gunicorn --preload`, must not have opened it).
     pub fn new(config: Config, url: &str) -> Result<Self, EmbedError> {
         Ok(HttpFront {
             memory: matches!(url.parse(), Ok(idem_stores::StoreUrl::Memory)),
             front: Arc::new(Front::new(config)),
-            store: Store::open(url)?,
+            store: Store::checked(url)?,
             cached: Mutex::new(None),
         })
     }
@@ -220,7 +223,15 @@ impl HttpFront {
     /// before routing (Express's `app.use("/api", ...)`): `routed` is the target the framework
     /// routes below the mount (Express's `req.url`), which the routes are matched on, while
     /// the fingerprint covers the whole `target` (`req.originalUrl`), so one key sent to two
-    /// mounts is two requests, never a replay of the other's.
+    /// mounts is two requests, never a replay of the other's. A route written as the whole
+    /// path (`/api/v1/charges`) protects it too: of the two readings, one whose route
+    /// requires a key wins.
+    ///
+    /// `routed` is taken verbatim, as the framework routes it: one that is not a path (`/`
+    /// first) or holds a `#` is a target the server handed the app as the client wrote it
+    /// (uvicorn's h11 parser passes the absolute form and a fragment on as the ASGI `path`),
+    /// which the app would route as no path of its own, answering 404 under the key; it is
+    /// refused on an unsafe method (`request-invalid`), and nothing is claimed.
     pub fn admit_routed(
         &self,
         method: &str,
@@ -228,6 +239,7 @@ impl HttpFront {
         routed: Option<&str>,
         headers: &[(String, Vec<u8>)],
     ) -> Admitted {
+        let routed_verbatim = routed;
         let method = match Method::from_bytes(method.as_bytes()) {
             Ok(m) => m,
             Err(_) => return self.invalid(format!("The method {method:?} is not an HTTP method")),
@@ -260,8 +272,30 @@ impl HttpFront {
                 return self.invalid(why.to_string());
             }
         };
-        let routed = routed.as_deref().unwrap_or(&target);
-        let path = routed.split_once('?').map_or(routed, |(p, _)| p);
+        if let Some(given) = routed_verbatim
+            && (!given.starts_with('/') || given.contains('#'))
+        {
+            if idem_http::front::is_safe(&method) {
+                return Admitted::Pass;
+            }
+            return self.invalid(
+                "The server hands the application the request target as the client wrote it (an absolute URL or a #fragment), which it would not route as the path; send the path (/v1/...) without a fragment".into(),
+            );
+        }
+        let full = path_part(&target);
+        let path = match routed.as_deref() {
+            Some(below) => {
+                let below = path_part(below);
+                let routes = &self.front.config().routes;
+                let keyed = |p: &str| routes.policy_for(&method, p).require_key;
+                if !keyed(below) && keyed(full) {
+                    full
+                } else {
+                    below
+                }
+            }
+            None => full,
+        };
         match self.front.admit(&method, path, &map) {
             Admission::Pass => Admitted::Pass,
             Admission::Refused(r) => Admitted::Reply(r.into()),
@@ -427,6 +461,15 @@ impl HttpFront {
     /// The reply when the store cannot be used at all.
     fn unusable(&self, e: &EmbedError) -> Begun {
         tracing::warn!(error = %e, "the idempotency store cannot be used; request not executed");
+        // A host process has no tracing subscriber: a store this process can never use (a
+        // SQLite file its parent had open before fork) is said on stderr, once, or every
+        // keyed request would be a 503 with no reason anywhere.
+        if matches!(e, EmbedError::ForkedSqlite { .. }) {
+            static SAID: std::sync::Once = std::sync::Once::new();
+            SAID.call_once(|| {
+                eprintln!("idem-runtime: every keyed request is refused 503 store-unavailable: {e}")
+            });
+        }
         Begun::Reply(self.front.store_unavailable().into())
     }
 
@@ -457,6 +500,11 @@ impl HttpFront {
             }
         }
     }
+}
+
+/// A target's path, without its query.
+fn path_part(target: &str) -> &str {
+    target.split_once('?').map_or(target, |(p, _)| p)
 }
 
 /// What the fingerprint of a keyed request covers: its method, target, media type and body.

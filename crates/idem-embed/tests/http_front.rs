@@ -302,6 +302,35 @@ require_key = true
         400
     );
 
+    // A route written as the whole path protects it under a mount too.
+    let whole = self::front(
+        r#"
+[[routes]]
+method = "POST"
+path = "/api/v1/charges"
+require_key = true
+"#,
+    );
+    assert_eq!(
+        status(whole.admit_routed("POST", "/api/v1/charges", Some("/v1/charges"), &caller)),
+        400
+    );
+    // A target the framework would route verbatim as no path of its own (uvicorn's h11
+    // parser hands the absolute form and a fragment on as the ASGI path): refused on an
+    // unsafe method, passed on a safe one.
+    for verbatim in ["http://x/v1/charges", "/v1/charges#x"] {
+        assert_eq!(
+            status(front.admit_routed("POST", verbatim, Some(verbatim), &caller)),
+            400,
+            "{verbatim}"
+        );
+        assert_eq!(
+            status(front.admit_routed("GET", verbatim, Some(verbatim), &caller)),
+            0,
+            "{verbatim}"
+        );
+    }
+
     // One intent written two ways: one request (a replay); two mounts: two requests.
     let front = self::front(CONFIG);
     let runs = AtomicU32::new(0);

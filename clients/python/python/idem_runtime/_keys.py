@@ -103,6 +103,14 @@ def well_formed(what: str, text: str) -> None:
         raise KeyDerivationError(f"no key can be derived: the {what} {text!r} has a lone surrogate, which is not Unicode text") from None
 
 
+def _serialised_scope(text: str) -> bool:
+    try:
+        Scope.from_dict(json.loads(text))
+        return True
+    except Exception:  # noqa: BLE001 - not JSON, or not a scope: an id that starts with "{"
+        return False
+
+
 def derive_key(
     scope: Union[str, Scope],
     tool: str,
@@ -118,10 +126,14 @@ def derive_key(
     digest an HMAC, for arguments an outsider could guess; ``key_fields`` derives the key from
     the named arguments only (names, dotted paths such as ``order.id``, or JSON Pointers).
     """
+    if isinstance(scope, dict) or (isinstance(scope, str) and scope.startswith("{") and _serialised_scope(scope)):
+        # A serialised scope (Scope.dumps(), Node's JSON.stringify(scope)) is read as one,
+        # never taken for an id: the same forms Node's deriveKey reads.
+        scope = Scope.from_dict(json.loads(scope) if isinstance(scope, str) else scope)
     if isinstance(scope, Scope):
         scope = scope.id
     if not isinstance(scope, str):
-        raise TypeError(f"a scope is a Scope or a non-empty string, not {scope!r}")
+        raise TypeError(f"a scope is a Scope, a non-empty string or a serialised scope, not {scope!r}")
     well_formed("scope", scope)
     well_formed("tool name", tool)
     if isinstance(secret, str):
@@ -135,6 +147,13 @@ def derive_key(
         roots = set(field_roots(fields.specs))
         args = {k: v for k, v in args.items() if k in roots}
     return _native.derive_key(scope, tool, args_json(args), ordinal, secret, fields)
+
+
+def in_class(fn: Callable[..., Any]) -> bool:
+    """Whether ``fn`` was defined in a class body (``Stripe.refund``, a method, a
+    ``staticmethod`` or a ``classmethod``), as its ``__qualname__`` says."""
+    parts = getattr(fn, "__qualname__", "").split(".")
+    return len(parts) >= 2 and parts[-2] != "<locals>"
 
 
 def method_receiver(fn: Callable[..., Any]) -> Optional[str]:
@@ -163,7 +182,8 @@ def default_tool(fn: Callable[..., Any]) -> str:
             f"{fn!r} has no name that tells its calls apart from other code's (a lambda, a "
             f"partial or a callable object): give it one with tool='charge_card'"
         )
-    if method_receiver(fn) is not None:
+    if in_class(fn):
+        # Two classes' same-named methods (static ones too) are two tools.
         return ".".join(getattr(fn, "__qualname__").split(".")[-2:])
     return name
 

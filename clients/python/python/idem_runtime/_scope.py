@@ -46,7 +46,7 @@ class Scope:
         """From :meth:`to_dict`'s value, the form both languages write; also the
         ``{"idem_scope": id}`` older Node packages wrote, so a scope handed over by a
         TypeScript agent reads here."""
-        if isinstance(data, dict) and data.get("format") == _FORMAT and isinstance(data.get("id"), str):
+        if isinstance(data, dict) and set(data) == {"format", "id"} and data["format"] == _FORMAT and isinstance(data["id"], str):
             return cls(data["id"])
         if isinstance(data, dict) and set(data) == {"idem_scope"} and isinstance(data["idem_scope"], str):
             return cls(data["idem_scope"])

@@ -61,7 +61,10 @@ class IdempotencyMiddleware:
             await self.app(scope, receive, send)
             return
         headers = [(n.decode("latin-1"), v) for n, v in scope.get("headers", [])]
-        admitted = self.front.admit(scope["method"], _web.asgi_target(scope), headers)
+        target = _web.asgi_target(scope)
+        # Also as the target the app routes, verbatim: uvicorn's h11 parser hands an absolute
+        # form or a #fragment on as the path, which the app routes as no path of its own.
+        admitted = self.front.admit(scope["method"], target, headers, target)
         if admitted is None:
             await self.app(scope, receive, send)
             return
