@@ -451,7 +451,7 @@ impl HttpFront {
                         .into(),
                 ),
                 Err(e) => {
-                    tracing::warn!(error = %e, "the idempotency store cannot be used; request not executed");
+                    store_failed(&e);
                     Begun::Reply(front.store_unavailable().into())
                 }
             }
@@ -460,16 +460,7 @@ impl HttpFront {
 
     /// The reply when the store cannot be used at all.
     fn unusable(&self, e: &EmbedError) -> Begun {
-        tracing::warn!(error = %e, "the idempotency store cannot be used; request not executed");
-        // A host process has no tracing subscriber: a store this process can never use (a
-        // SQLite file its parent had open before fork) is said on stderr, once, or every
-        // keyed request would be a 503 with no reason anywhere.
-        if matches!(e, EmbedError::ForkedSqlite { .. }) {
-            static SAID: std::sync::Once = std::sync::Once::new();
-            SAID.call_once(|| {
-                eprintln!("idem-runtime: every keyed request is refused 503 store-unavailable: {e}")
-            });
-        }
+        store_failed(e);
         Begun::Reply(self.front.store_unavailable().into())
     }
 
@@ -500,6 +491,21 @@ impl HttpFront {
             }
         }
     }
+}
+
+/// A store that could not be used for a claim: logged, and the first of the process said on
+/// stderr too. A host process has no tracing subscriber, so a store it cannot use (a SQLite
+/// file its parent had open before fork, a file that is not a database, a server down) would
+/// answer 503 with no reason anywhere. Store errors never hold a password (idem-stores
+/// redacts them).
+fn store_failed(e: &dyn std::fmt::Display) {
+    tracing::warn!(error = %e, "the idempotency store cannot be used; request not executed");
+    static SAID: std::sync::Once = std::sync::Once::new();
+    SAID.call_once(|| {
+        eprintln!(
+            "idem-runtime: a keyed request was refused 503 store-unavailable, nothing run: {e} (said once per process)"
+        );
+    });
 }
 
 /// A target's path, without its query.
