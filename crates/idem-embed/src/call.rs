@@ -116,13 +116,18 @@ impl Store {
     /// to PostgreSQL or Redis), so that a wrong URL fails here and not at the first call.
     pub fn open(url: &str) -> Result<Self, EmbedError> {
         let _: StoreUrl = url.parse()?;
-        let store = Store {
+        let store = Self::unopened(url);
+        store.bound()?;
+        Ok(store)
+    }
+
+    /// A value for `url` that opens it at its first call.
+    fn unopened(url: &str) -> Self {
+        Store {
             url: url.to_owned(),
             bound: Arc::new(Mutex::new(None)),
             made_in: std::process::id(),
-        };
-        store.bound()?;
-        Ok(store)
+        }
     }
 
     /// As [`Store::open`], except that a SQLite file is only checked (its URL, and that its
@@ -146,11 +151,7 @@ impl Store {
                 folder.display()
             )));
         }
-        Ok(Store {
-            url: url.to_owned(),
-            bound: Arc::new(Mutex::new(None)),
-            made_in: std::process::id(),
-        })
+        Ok(Self::unopened(url))
     }
 
     /// This process's host and engine for the URL: the cached pair, or (first call, or first

@@ -239,7 +239,6 @@ impl HttpFront {
         routed: Option<&str>,
         headers: &[(String, Vec<u8>)],
     ) -> Admitted {
-        let routed_verbatim = routed;
         let method = match Method::from_bytes(method.as_bytes()) {
             Ok(m) => m,
             Err(_) => return self.invalid(format!("The method {method:?} is not an HTTP method")),
@@ -260,19 +259,16 @@ impl HttpFront {
         }
         // What the framework routes, in origin form: a target it reduces (absolute form,
         // fragment) must not reach the routes as written, where it would match no route.
-        let (target, routed) = match (
-            idem_http::origin_form(target),
-            routed.map(idem_http::origin_form).transpose(),
-        ) {
-            (Ok(target), Ok(routed)) => (target, routed),
-            (Err(why), _) | (_, Err(why)) => {
+        let target = match idem_http::origin_form(target) {
+            Ok(target) => target,
+            Err(why) => {
                 if idem_http::front::is_safe(&method) {
                     return Admitted::Pass;
                 }
                 return self.invalid(why.to_string());
             }
         };
-        if let Some(given) = routed_verbatim
+        if let Some(given) = routed
             && (!given.starts_with('/') || given.contains('#'))
         {
             if idem_http::front::is_safe(&method) {
@@ -283,7 +279,7 @@ impl HttpFront {
             );
         }
         let full = path_part(&target);
-        let path = match routed.as_deref() {
+        let path = match routed {
             Some(below) => {
                 let below = path_part(below);
                 let routes = &self.front.config().routes;

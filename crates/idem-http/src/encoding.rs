@@ -126,6 +126,29 @@ mod tests {
         assert_eq!(decoded(Some("gzip"), cut, 1 << 16), cut);
     }
 
+    proptest::proptest! {
+        /// One body, one reading, however it was packed; two bodies, two readings.
+        #[test]
+        fn a_body_reads_the_same_packed_any_way(
+            a in proptest::collection::vec(proptest::num::u8::ANY, 1..512),
+            b in proptest::collection::vec(proptest::num::u8::ANY, 1..512),
+            mtime in proptest::num::u32::ANY,
+        ) {
+            let once = decoded(Some("gzip"), &gzip(&a, mtime), 1 << 16).into_owned();
+            proptest::prop_assert_eq!(&once, &a);
+            let again = decoded(Some("gzip"), &gzip(&a, mtime.wrapping_add(1)), 1 << 16).into_owned();
+            proptest::prop_assert_eq!(&again, &a);
+            let mut z = flate2::write::ZlibEncoder::new(Vec::new(), flate2::Compression::fast());
+            z.write_all(&a).unwrap();
+            let zlib = decoded(Some("deflate"), &z.finish().unwrap(), 1 << 16).into_owned();
+            proptest::prop_assert_eq!(&zlib, &a);
+            if a != b {
+                let other = decoded(Some("gzip"), &gzip(&b, mtime), 1 << 16).into_owned();
+                proptest::prop_assert_ne!(&other, &a);
+            }
+        }
+    }
+
     #[test]
     fn decoding_stops_at_the_bound() {
         let bomb = gzip(&vec![b'0'; 1 << 20], 0);

@@ -108,6 +108,33 @@ mod tests {
         }
     }
 
+    proptest::proptest! {
+        /// One intent, one target: a path written in absolute form (any scheme, userinfo,
+        /// port) or with a fragment reduces to the path itself; and different paths stay
+        /// different (the reduction is the identity on origin form).
+        #[test]
+        fn every_spelling_of_a_target_reduces_to_its_path(
+            path in "(/[a-zA-Z0-9._~%;=-]{0,8}){1,4}",
+            query in proptest::option::of("[a-zA-Z0-9=&%]{0,12}"),
+            scheme in "[a-zA-Z][a-zA-Z0-9+.-]{0,6}",
+            authority in "([a-z]{1,4}(:[a-z]{0,4})?@)?[a-z0-9.-]{1,12}(:[0-9]{1,5})?",
+            fragment in proptest::option::of("[a-zA-Z0-9/?#=]{0,8}"),
+        ) {
+            let origin = match &query {
+                Some(q) => format!("{path}?{q}"),
+                None => path.clone(),
+            };
+            let tail = fragment.map(|f| format!("#{f}")).unwrap_or_default();
+            let plain = origin_form(&origin).map(Cow::into_owned);
+            proptest::prop_assert_eq!(plain, Ok(origin.clone()));
+            let fragmented = origin_form(&format!("{origin}{tail}")).map(Cow::into_owned);
+            proptest::prop_assert_eq!(fragmented, Ok(origin.clone()));
+            let absolute = format!("{scheme}://{authority}{origin}{tail}");
+            let reduced = origin_form(&absolute).map(Cow::into_owned);
+            proptest::prop_assert_eq!(reduced, Ok(origin));
+        }
+    }
+
     #[test]
     fn what_is_no_path_is_refused() {
         for t in [

@@ -161,9 +161,7 @@ def method_receiver(fn: Callable[..., Any]) -> Optional[str]:
     ``__qualname__`` says: ``Gateway.refund``, not ``outer.<locals>.refund``) whose first
     parameter is named so; else ``None``. A plain function whose first parameter happens to be
     called ``self`` is not a method: that argument is part of its intent."""
-    qualname = getattr(fn, "__qualname__", "")
-    parts = qualname.split(".")
-    if len(parts) < 2 or parts[-2] == "<locals>":
+    if not in_class(fn):
         return None
     try:
         params = list(inspect.signature(fn).parameters)
